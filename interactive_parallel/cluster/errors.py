@@ -1,0 +1,50 @@
+"""Errors the client raises for what happened on ranks.
+
+Owns turning an ipyparallel RemoteError into an exception that names the rank (not the
+engine id) and carries the rank's traceback as text. Knows nothing of torch.
+"""
+from __future__ import annotations
+
+import re
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class RankError(RuntimeError):
+    """An exception raised on one or more ranks; `.rank`, `.ename`, `.traceback` of the first."""
+
+    def __init__(self, rank: int, ename: str, evalue: str, traceback: str, *, host: str = "", what: str = "",
+                 others: dict[int, str] | None = None):
+        self.rank, self.ename, self.evalue, self.traceback = rank, ename, evalue, traceback
+        self.host, self.what, self.others = host, what, dict(others or {})
+        where = f"rank {rank}" + (f" ({host})" if host else "")
+        head = f"{where} raised {ename}: {evalue}" + (f" during {what}" if what else "")
+        more = "".join(f"\n  also rank {r}: {msg}" for r, msg in sorted(self.others.items()))
+        super().__init__(f"{head}{more}\n--- traceback from rank {rank} ---\n{traceback}")
+
+
+class RankTimeout(TimeoutError):
+    """A remote call did not finish on every rank in time; `.pending` lists the ranks still busy."""
+
+    def __init__(self, what: str, timeout: float, pending: list[int]):
+        self.what, self.timeout, self.pending = what, timeout, pending
+        super().__init__(f"{what} did not finish within {timeout:g} s on rank(s) {pending}; "
+                         "a rank may be blocked in a collective its peers never issued")
+
+
+class SessionError(RuntimeError):
+    """Misuse of the session itself (stopped, no model, a call already running)."""
+
+
+def remote_error_fields(exc: BaseException) -> tuple[str, str, str]:
+    """(ename, evalue, traceback text) of an ipyparallel RemoteError or a local exception."""
+    ename = getattr(exc, "ename", None) or type(exc).__name__
+    evalue = getattr(exc, "evalue", None) or str(exc)
+    tb = getattr(exc, "traceback", None)
+    if isinstance(tb, list):
+        tb = "\n".join(tb)
+    if not tb:
+        import traceback as _tb
+
+        tb = "".join(_tb.format_exception(exc))
+    return ename, str(evalue), _ANSI.sub("", tb)

@@ -1,0 +1,91 @@
+"""The leash: a tiny watcher process that stops a rank pool when its client process dies.
+
+A bare ipyparallel pool outlives the kernel that started it (engines and controller run
+in sessions of their own). The Session starts this watcher next to the pool; it polls
+the client's pid and, once the client is gone (killed, kernel restarted), signals the
+process groups listed in the state file and deletes the pool's files. A normal stop
+deletes the state file and the watcher exits. Knows nothing of ipyparallel or torch:
+only pids, process groups and paths, so it starts in a fraction of a second.
+
+Run: python -m interactive_parallel.cluster.reaper CLIENT_PID CLIENT_START_TIME STATE_FILE
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+POLL_S = 0.25
+GRACE_S = 2.0
+
+
+def _alive(pid: int, start_time: float | None) -> bool:
+    try:
+        import psutil
+
+        p = psutil.Process(pid)
+        # A recycled pid is a different process: compare start times.
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE and (
+            start_time is None or abs(p.create_time() - start_time) < 1.0)
+    except Exception:  # noqa: BLE001 - any failure to see the process means it is gone
+        return False
+
+
+def _signal_groups(groups: list[list[float]], sig: int) -> list[list[float]]:
+    left = []
+    for pgid, start in groups:
+        if not _alive(int(pgid), start):
+            continue
+        try:
+            os.killpg(int(pgid), sig)
+            left.append([pgid, start])
+        except (ProcessLookupError, PermissionError):
+            pass
+    return left
+
+
+def reap(state: dict) -> None:
+    groups = state.get("groups", [])
+    groups = _signal_groups(groups, signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while groups and time.monotonic() < deadline:
+        time.sleep(0.1)
+        groups = [g for g in groups if _alive(int(g[0]), g[1])]
+    _signal_groups(groups, signal.SIGKILL)
+    # Processes in sessions of their own (engine nannies) are outside those groups.
+    for pid, start in state.get("procs", []):
+        if _alive(int(pid), start):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for path in state.get("paths", []):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    client_pid, client_start, state_file = int(argv[0]), float(argv[1]), argv[2]
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the notebook's terminal is not ours
+    while True:
+        if not os.path.exists(state_file):
+            return 0  # the session stopped its pool itself
+        if not _alive(client_pid, client_start):
+            try:
+                with open(state_file) as f:
+                    state = json.load(f)
+            except (OSError, ValueError):
+                return 0
+            reap(state)
+            try:
+                os.remove(state_file)
+            except OSError:
+                pass
+            return 0
+        time.sleep(POLL_S)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,210 @@
+"""The Plan: how a model is spread over the ranks and how it is trained.
+
+Owns the Plan dataclass, its validation against a rank count and a model spec, and the
+mesh shape it implies. Pure Python: knows no torch, no processes; every check here runs
+before any rank is touched.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .axes import MESH_ORDER, MeshAxis
+from .models import ModelSpec
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16", "fp16")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+# Degrees that run today; the others are validated and refused until their runtime lands.
+SUPPORTED_AXES: frozenset[MeshAxis] = frozenset({MeshAxis.DP})
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; `problems` lists every reason, each naming its numbers."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid plan:\n  - " + "\n  - ".join(self.problems))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A parallel layout plus the training knobs that interact with it."""
+
+    device: str = "cpu"
+    """'cpu' (gloo) or 'cuda' (nccl, one GPU per local rank)."""
+    dp: int = 1
+    """Data-parallel replicas (DDP; HSDP's replicate axis when fsdp > 1)."""
+    fsdp: int = 1
+    """Data-parallel shards: parameters, gradients and optimizer state split (FSDP2)."""
+    tp: int = 1
+    """Tensor parallel: each weight matrix split across this many ranks."""
+    pp: int = 1
+    """Pipeline parallel: the layers split into this many stages."""
+    cp: int = 1
+    """Context parallel: the sequence split across this many ranks."""
+    pp_schedule: str = "1f1b"
+    """Pipeline schedule: 'gpipe', '1f1b' or 'interleaved-1f1b'."""
+    microbatches: int = 0
+    """Pipeline microbatches per step; 0 means one per stage (pp)."""
+    virtual_stages: int = 2
+    """Stages per rank for interleaved schedules."""
+    sequence_parallel: bool = False
+    """Under tp: shard norms and dropout along the sequence too."""
+    batch_size: int = 8
+    """Global batch (sequences per optimizer step, over all data-parallel ranks)."""
+    seq_len: int = 64
+    """Tokens per sequence."""
+    grad_accum: int = 1
+    """Micro-steps per optimizer step; the global batch is split across them."""
+    precision: str = "fp32"
+    """'fp32', 'bf16' (autocast) or 'fp16' (autocast with a gradient scaler; CUDA only)."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    seed: int = 0
+    """Seed of weights and data: the same seed gives the same run under every plan."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.fsdp * self.tp * self.pp * self.cp
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that each see a different slice of the batch."""
+        return self.dp * self.fsdp
+
+    @property
+    def mesh_shape(self) -> dict[MeshAxis, int]:
+        return {axis: getattr(self, axis.value) for axis in MESH_ORDER}
+
+    @property
+    def n_microbatches(self) -> int:
+        return self.microbatches or self.pp
+
+    def replace(self, **changes: Any) -> "Plan":
+        return dataclasses.replace(self, **changes)
+
+    def describe(self) -> str:
+        parts = [f"{a.value}{getattr(self, a.value)}" for a in MESH_ORDER if getattr(self, a.value) > 1]
+        return "x".join(parts) or "single"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def parse(cls, text: str, **defaults: Any) -> "Plan":
+        """'dp=2,tp=2' (commas or spaces) -> Plan; for command lines."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = dict(defaults)
+        for item in text.replace(",", " ").split():
+            key, sep, raw = item.partition("=")
+            if not sep or key not in fields:
+                raise PlanError([f"cannot read {item!r}: expected name=value with a name among {', '.join(fields)}"])
+            kind = type(getattr(cls(), key))
+            try:
+                values[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+            except ValueError:
+                raise PlanError([f"{key}={raw!r} is not a {kind.__name__}"]) from None
+        return cls(**values)
+
+
+def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
+             cuda_available: int | None = None) -> list[str]:
+    """Every problem with running `plan` on `world_size` ranks, each naming its numbers.
+
+    `cuda_available` is the number of GPUs the ranks can see (None: unknown, not checked).
+    """
+    problems: list[str] = []
+    # Messages name degrees in the order users write them, not the mesh's layout order.
+    degrees = [(n, getattr(plan, n)) for n in ("dp", "fsdp", "tp", "pp", "cp")]
+    for name, value in degrees:
+        if not isinstance(value, int) or value < 1:
+            problems.append(f"{name}({value}) must be a whole number >= 1")
+    if problems:
+        return problems
+    used = [(n, v) for n, v in degrees if v > 1] or [("dp", 1)]
+    if plan.world_size != world_size:
+        product = " * ".join(f"{n}({v})" for n, v in used)
+        problems.append(f"{product} = {plan.world_size} != ranks({world_size})")
+    for axis in MESH_ORDER:
+        if getattr(plan, axis.value) > 1 and axis not in SUPPORTED_AXES:
+            problems.append(f"{axis.value}({getattr(plan, axis.value)}) is not yet supported by this runtime")
+
+    if plan.device not in DEVICES:
+        problems.append(f"device {plan.device!r} is not one of {', '.join(DEVICES)}")
+    elif plan.device == "cuda" and cuda_available is not None and cuda_available == 0:
+        problems.append("device 'cuda' asked for, but torch sees no GPU on the ranks")
+    if plan.precision not in PRECISIONS:
+        problems.append(f"precision {plan.precision!r} is not one of {', '.join(PRECISIONS)}")
+    elif plan.precision == "fp16" and plan.device != "cuda":
+        problems.append("precision 'fp16' needs device 'cuda' (CPU autocast runs bf16)")
+    if plan.pp_schedule not in PP_SCHEDULES:
+        problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
+    if plan.lr <= 0:
+        problems.append(f"lr({plan.lr}) must be > 0")
+
+    problems += _batch_problems(plan)
+    if spec is not None:
+        problems += _model_problems(plan, spec)
+    return problems
+
+
+def _batch_problems(plan: Plan) -> list[str]:
+    problems = []
+    if plan.batch_size < 1:
+        problems.append(f"batch_size({plan.batch_size}) must be >= 1")
+    if plan.seq_len < 2:
+        problems.append(f"seq_len({plan.seq_len}) must be >= 2 (one input and one target token)")
+    if plan.grad_accum < 1:
+        problems.append(f"grad_accum({plan.grad_accum}) must be >= 1")
+    if plan.microbatches < 0:
+        problems.append(f"microbatches({plan.microbatches}) must be >= 0")
+    if problems:
+        return problems
+    split = plan.data_parallel * plan.grad_accum
+    if plan.batch_size % split:
+        problems.append(
+            f"batch_size({plan.batch_size}) is not divisible by dp({plan.dp}) * fsdp({plan.fsdp}) * "
+            f"grad_accum({plan.grad_accum}) = {split}")
+    elif plan.pp > 1 and (plan.batch_size // split) % plan.n_microbatches:
+        problems.append(
+            f"per-rank micro-batch {plan.batch_size // split} is not divisible by "
+            f"microbatches({plan.n_microbatches})")
+    if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
+        problems.append(f"seq_len({plan.seq_len}) is not divisible by 2 * cp({plan.cp}) = {2 * plan.cp}")
+    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % plan.tp:
+        problems.append(f"seq_len({plan.seq_len}) is not divisible by tp({plan.tp}) under sequence parallel")
+    return problems
+
+
+def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    problems = []
+    if spec.max_positions and plan.seq_len > spec.max_positions:
+        problems.append(f"seq_len({plan.seq_len}) > {spec.name} max positions({spec.max_positions})")
+    if plan.tp > 1:
+        for what, n in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
+                        ("intermediate_size", spec.intermediate_size), ("vocab_size", spec.vocab_size)):
+            if n % plan.tp:
+                problems.append(f"tp({plan.tp}) does not divide {what}({n})")
+    if plan.pp > 1:
+        stages = plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
+        if spec.num_layers < stages:
+            problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages({stages})")
+        elif spec.num_layers % stages:
+            problems.append(f"pipeline stages({stages}) do not divide num_hidden_layers({spec.num_layers})")
+    return problems
+
+
+def check(plan: Plan, world_size: int, spec: ModelSpec | None = None, **kw: Any) -> Plan:
+    """validate() that raises PlanError listing every problem."""
+    problems = validate(plan, world_size, spec, **kw)
+    if problems:
+        raise PlanError(problems)
+    return plan

@@ -1,0 +1,166 @@
+"""The rank-side entry points: plain data in, plain data (record dicts) out.
+
+Owns what the client (or a torchrun script) can ask a rank to do, each a module-level
+function so ipyparallel ships it by reference. Knows nothing of ipyparallel itself:
+every function here also runs in a plain process. Imports torch only inside functions,
+so the client can import this module (to name the functions) without loading torch.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from ..plan import ModelSpec, Plan
+from . import state as _state
+
+
+def identify() -> dict[str, Any]:
+    """Facts the client needs to assign ranks, before any torch.distributed exists."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"host": socket.gethostname(), "pid": os.getpid(), "cores": cores,
+            "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
+
+
+def setup(rank: int, world_size: int, local_rank: int, local_world_size: int, threads: int | None = None,
+          namespace: dict | None = None) -> dict[str, Any]:
+    from . import dist as _dist
+
+    info = _dist.set_identity(rank, world_size, local_rank, local_world_size, threads)
+    if namespace is not None:
+        _seed_namespace(namespace)
+    return info
+
+
+def _seed_namespace(ns: dict) -> None:
+    """Names a %%px cell finds ready on every rank."""
+    import torch
+    import torch.distributed as tdist
+
+    st = _state.get()
+    ns.update(torch=torch, dist=tdist, rank=st.rank, world_size=st.world_size, local_rank=st.local_rank)
+
+
+def master_endpoint(loopback: bool) -> tuple[str, int]:
+    """Rank 0's address for the rendezvous and a free port on it."""
+    from . import dist as _dist
+
+    if loopback:
+        return "127.0.0.1", _dist.free_port("127.0.0.1")
+    host = socket.gethostname()
+    addr = socket.gethostbyname(host)
+    return addr, _dist.free_port("")
+
+
+def init_process_group(addr: str, port: int, device: str, timeout_s: float) -> dict[str, Any]:
+    from . import dist as _dist
+
+    return _dist.init(addr, port, device, timeout_s)
+
+
+def teardown() -> bool:
+    from . import dist as _dist
+
+    _dist.teardown()
+    return True
+
+
+def snapshot_local() -> bool:
+    """Before a fresh process group: keep the weights if this rank holds them whole
+    (no DTensor, no pipeline split); True if it could."""
+    import torch
+
+    st = _state.get()
+    st.extra.pop("carry", None)
+    if st.parallel is None:
+        return True
+    params = list(st.parallel.raw.state_dict().items())
+    if getattr(st.parallel, "stages", None) or any(not type(v) is torch.Tensor for _, v in params):
+        return False
+    st.extra["carry"] = {k: v.detach().to("cpu").clone() for k, v in params}
+    return True
+
+
+def doctor(engine_id: int) -> dict[str, Any]:
+    from .doctor import check
+
+    return check(engine_id)
+
+
+def load_model(spec: dict[str, Any]) -> dict[str, Any]:
+    st = _state.get()
+    st.reset_model()
+    st.spec = ModelSpec(**spec)
+    st.extra.pop("state_dict", None)
+    return {"rank": st.rank, "model": st.spec.name}
+
+
+def apply_plan(plan: dict[str, Any]) -> dict[str, Any]:
+    """Lay the current logical model out under `plan`; the weights carry over from the old layout."""
+    from .parallelize import parallelize
+    from .train import make_optimizer, make_scaler
+
+    st = _state.get()
+    if st.spec is None:
+        raise RuntimeError("no model loaded: call load_model first")
+    from . import dist as _dist
+
+    new = Plan.from_dict(plan)
+    weights = st.parallel.full_state_dict() if st.parallel is not None else st.extra.pop("carry", None)
+    st.parallel = st.model = st.optimizer = None
+    device = _dist.torch_device(new.device, st.local_rank)
+    st.parallel = parallelize(st.spec, new, state_dict=weights, device=device)
+    st.model, st.plan, st.mesh = st.parallel.model, new, st.parallel.mesh
+    st.optimizer = make_optimizer(st.parallel)
+    st.scaler = make_scaler(new)
+    return {"rank": st.rank, "plan": new.describe(), "coords": {str(k): v for k, v in st.parallel.coords.items()}}
+
+
+def update_training(plan: dict[str, Any]) -> None:
+    """Change knobs that need no re-layout (batch size, sequence length, lr, accumulation)."""
+    from .train import make_scaler
+
+    st = _state.get()
+    old = st.plan
+    st.plan = st.parallel.plan = Plan.from_dict(plan)
+    for group in st.optimizer.param_groups:
+        group["lr"] = st.plan.lr
+    if st.plan.precision != old.precision:
+        st.scaler = make_scaler(st.plan)
+
+
+def train_step() -> list[dict[str, Any]]:
+    from .train import train_step as _step
+
+    st = _state.get()
+    if st.parallel is None:
+        raise RuntimeError("no plan applied: call apply_plan first")
+    rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
+    st.step += 1
+    return [rec.to_dict()]
+
+
+def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> dict[int, str]:
+    """Completions of this rank's share of `prompts`, keyed by prompt index.
+
+    Data-parallel ranks split the prompts round-robin (inference scales out the same way
+    training does); every rank runs the same number of rows so sharded forwards stay in step.
+    """
+    from .generate import generate as _generate
+
+    st = _state.get()
+    if st.parallel is None:
+        raise RuntimeError("no plan applied: call apply_plan first")
+    par = st.parallel
+    mine = list(range(par.data_index, len(prompts), par.data_count))
+    rows = -(-len(prompts) // par.data_count)
+    padded = [prompts[i] for i in mine] + [prompts[0]] * (rows - len(mine))
+    texts = _generate(par, padded, max_new_tokens, **options)
+    return {i: texts[j] for j, i in enumerate(mine)}
+
+
+def full_state_dict() -> dict[str, Any]:
+    """Full weights as CPU tensors (a collective under sharded plans)."""
+    return _state.get().parallel.full_state_dict()

@@ -1,0 +1,52 @@
+"""Training data the package makes: two-digit additions, one per line ("12+35=47\\n").
+
+Owns the synthetic task and the deterministic global batch for a (seed, step), so every
+rank and the single-process reference see the same tokens and each data-parallel rank
+takes its own slice. Answers can be checked, so generation shows what training taught.
+Knows nothing of parallel layouts beyond "slice i of n".
+"""
+from __future__ import annotations
+
+import random
+
+import torch
+
+from .tokenizer import get_tokenizer
+
+
+def problem(rng: random.Random) -> tuple[str, str]:
+    a, b = rng.randrange(100), rng.randrange(100)
+    return f"{a}+{b}=", str(a + b)
+
+
+def text_row(rng: random.Random, n_chars: int) -> str:
+    out: list[str] = []
+    length = 0
+    while length < n_chars:
+        q, a = problem(rng)
+        out.append(f"{q}{a}\n")
+        length += len(out[-1])
+    return "".join(out)[:n_chars]
+
+
+def global_batch(seed: int, step: int, batch_size: int, seq_len: int) -> torch.Tensor:
+    """Token ids of shape (batch_size, seq_len + 1): inputs are [:, :-1], targets [:, 1:]."""
+    tok = get_tokenizer()
+    rows = []
+    for i in range(batch_size):
+        rng = random.Random(hash((seed, step, i)) & 0x7FFFFFFF)
+        rows.append(tok(text_row(rng, seq_len + 1), add_special_tokens=False)["input_ids"])
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def local_slice(batch: torch.Tensor, index: int, count: int) -> torch.Tensor:
+    """Rows of the global batch that data-parallel rank `index` of `count` trains on."""
+    per = batch.shape[0] // count
+    return batch[index * per:(index + 1) * per]
+
+
+def eval_prompts(n: int, seed: int = 1234) -> tuple[list[str], list[str]]:
+    """n held-out prompts ("12+35=") and their answers ("47")."""
+    rng = random.Random(seed)
+    pairs = [problem(rng) for _ in range(n)]
+    return [q for q, _ in pairs], [a for _, a in pairs]

@@ -1,0 +1,50 @@
+"""Build a transformers causal LM from a ModelSpec, with seeded, plan-independent weights.
+
+Owns turning a spec (preset config dict or local directory) into an nn.Module and the
+helpers that walk its layers. Knows nothing of meshes or parallel styles: the same seed
+gives the same weights on every rank and in the single-process reference.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..plan.models import ModelSpec
+
+
+def make_config(spec: ModelSpec):
+    from transformers import AutoConfig
+
+    kwargs = dict(spec.config)
+    model_type = kwargs.pop("model_type")
+    config = AutoConfig.for_model(model_type, **kwargs)
+    # SDPA on CPU is exact enough for parity and is what users run; eager is the fallback
+    # for code paths (ring attention) that need the raw scores.
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:
+    """The full model in fp32 on `device`; random init from `seed` unless the spec has weights."""
+    from transformers import AutoModelForCausalLM
+
+    if spec.source:
+        model = AutoModelForCausalLM.from_pretrained(spec.source, torch_dtype=torch.float32,
+                                                     local_files_only=True)
+    else:
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(make_config(spec), torch_dtype=torch.float32)
+    model.config.use_cache = False
+    return model.to(device)
+
+
+def get_submodule(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path)
+
+
+def decoder_layers(model: nn.Module, spec: ModelSpec) -> nn.ModuleList:
+    return model.get_submodule(spec.family_info.layers_path)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,1 @@
+"""One parallelism per file, each exposing apply_<x>(model, mesh, ...); composed by runtime.parallelize."""

@@ -1,0 +1,121 @@
+"""Context parallel: the sequence split across the cp mesh axis, attention over the whole of it.
+
+Owns the load-balanced sequence split and an attention function registered with
+transformers (the model code is not edited: the config's attention implementation
+is switched to it). Knows nothing of the other axes; gradient averaging over cp ranks
+is the data-parallel wrapper's job (cp ranks act as data-parallel ranks for parameters).
+
+Why not torch's `context_parallel`: on this torch it has no sharding strategy for the
+CPU SDPA kernel, so causal attention does not run on CPU (measured). Instead each rank
+all-gathers K and V of the whole sequence (O(seq) memory per rank, unlike a ring, but
+one collective per layer and exact) and attends with its own queries under a causal
+mask written in global positions.
+
+Load balance: the sequence is cut into 2*cp chunks and rank r keeps chunks r and
+2*cp-1-r, so under a causal mask every rank does the same amount of attention work.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+IMPL = "ip_context_parallel"
+_ENABLED = [True]
+
+
+def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
+    """Chunks r and 2*cp-1-r of `t` along `dim` (validation makes seq_len divisible by 2*cp)."""
+    chunks = t.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=dim)
+
+
+def local_positions(seq_local: int, cp: int, rank: int, device) -> torch.Tensor:
+    c = seq_local // 2
+    first = torch.arange(rank * c, (rank + 1) * c, device=device)
+    second = torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c, device=device)
+    return torch.cat([first, second])
+
+
+class _GatherSeq(torch.autograd.Function):
+    """all_gather along the sequence; backward sums every rank's gradient and keeps ours.
+
+    Own Function instead of torch.distributed.nn.functional.all_gather: on gloo that one
+    runs its backward as an all_to_all of (possibly non-contiguous) gradients, which gave
+    wrong dK/dV (see notes). An all_reduce of one contiguous tensor is plainly right.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        n = dist.get_world_size(group)
+        parts = [torch.empty_like(x) for _ in range(n)]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.stack(parts)  # (cp, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad[dist.get_rank(ctx.group)], None
+
+
+def _whole_sequence(t: torch.Tensor, group, cp: int) -> torch.Tensor:
+    """(B, H, S_local, D) per rank -> (B, H, S, D) in global order."""
+    parts = _GatherSeq.apply(t, group)  # (cp, B, H, S_local, D)
+    halves = parts.chunk(2, dim=3)
+    order = [halves[0][r] for r in range(cp)] + [halves[1][r] for r in reversed(range(cp))]
+    return torch.cat(order, dim=2)
+
+
+def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
+                 scaling: float | None = None, **kwargs):
+    """transformers attention interface: (B, H, S_local, D) q/k/v -> ((B, S_local, H, D), None)."""
+    group = getattr(module, "_ip_cp_group", None)
+    groups = getattr(module, "num_key_value_groups", 1)
+    if groups > 1:
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    if group is None or not _ENABLED[0]:
+        # Inference (generation) runs the whole sequence on every cp rank.
+        causal = attention_mask is None and query.shape[2] > 1
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
+                                             scale=scaling, dropout_p=dropout)
+        return out.transpose(1, 2).contiguous(), None
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)
+    q_pos = local_positions(query.shape[2], cp, rank, query.device)
+    k_pos = torch.arange(key.shape[2], device=query.device)
+    mask = q_pos[:, None] >= k_pos[None, :]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(IMPL, cp_attention)
+
+
+def apply_cp(model: nn.Module, mesh, spec) -> None:
+    """Route every attention module of `model` through cp_attention over the 1-D cp `mesh`."""
+    _register()
+    group = mesh.get_group()
+    model.config._attn_implementation = IMPL
+    layers = model.get_submodule(spec.family_info.layers_path)
+    for layer in layers:
+        attn = layer.get_submodule(spec.family_info.attention_path)
+        attn._ip_cp_group = group
+        attn.config._attn_implementation = IMPL
+
+
+@contextlib.contextmanager
+def whole_sequence():
+    """Run attention on the full local sequence (generation): no split, no gather."""
+    _ENABLED[0] = False
+    try:
+        yield
+    finally:
+        _ENABLED[0] = True

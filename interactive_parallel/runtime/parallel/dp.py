@@ -1,0 +1,39 @@
+"""Data parallel with replicated parameters: DDP for pure dp, FSDP2-style `replicate` in combinations.
+
+Owns wrapping a model so gradients are averaged over the mesh's data-parallel group.
+Knows nothing of how the batch is split (runtime.data does that) or of other axes.
+"""
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+
+def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module:
+    """DDP over `mesh[axis]`. Gradients are all-reduced in buckets during backward.
+
+    DDP over DataParallel: one process per replica (no GIL, no scatter of inputs and
+    gather of outputs through one device each step), and the gradient all-reduce
+    overlaps the backward pass bucket by bucket.
+    """
+    group = mesh[axis].get_group()
+    device_ids = [device] if device is not None and getattr(device, "type", "cpu") == "cuda" else None
+    # broadcast_buffers off: the models here have no buffers that change in training
+    # (rotary tables are constant), so the per-forward broadcast would be pure cost.
+    return DistributedDataParallel(model, process_group=group, device_ids=device_ids, broadcast_buffers=False)
+
+
+def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Module:
+    """DDP semantics for models whose parameters are already DTensors (TP) or pipeline stages.
+
+    DDP refuses DTensor parameters, and wrapping a pipeline stage in DDP fights the
+    schedule's own backward; torch's FSDP2-based `replicate` composes with both (the
+    pipeline stage toggles its gradient sync per microbatch). Gradients are all-reduced
+    (SUM, then divided by the group size: gloo has no AVG) during backward.
+    """
+    from torch.distributed._composable.replicate_with_fsdp import replicate
+
+    for layer in layers:
+        replicate(layer, mesh=mesh)
+    replicate(model, mesh=mesh)
+    return model

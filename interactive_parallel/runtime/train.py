@@ -1,0 +1,137 @@
+"""One optimizer step on this rank: its slice of the global batch, accumulation, precision, AdamW.
+
+Owns the loss (mean token cross-entropy), gradient accumulation, autocast/scaler and the
+StepRecord, and the three ways a micro-batch runs: a plain forward/backward, a pipeline
+schedule step (PP: the last stage computes the loss) and a context-parallel forward on
+this rank's share of the sequence (CP). Knows nothing of how the parallelisms are laid
+out: Parallelized says which rows are ours and which module or schedule to call.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..plan import MeshAxis, Plan
+from ..records import StepRecord
+from .data import global_batch, local_slice
+from .parallelize import Parallelized
+
+
+def make_optimizer(par: Parallelized) -> torch.optim.Optimizer:
+    # foreach=False: DTensor and plain parameters mix under some plans, and the per-tensor
+    # path is the one every placement supports.
+    # Under FSDP the parameters are shards, so AdamW's moments are sharded the same way.
+    return torch.optim.AdamW(par.parameters(), lr=par.plan.lr, foreach=False)
+
+
+def make_scaler(plan: Plan):
+    if plan.precision == "fp16":
+        return torch.amp.GradScaler("cuda")
+    return None
+
+
+def autocast(plan: Plan, device: torch.device):
+    if plan.precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if plan.precision == "bf16" else torch.float16
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def no_sync(par: Parallelized, last: bool):
+    """Skip DDP's gradient all-reduce on all but the last accumulation micro-step."""
+    if not last and hasattr(par.model, "no_sync"):
+        return par.model.no_sync()
+    return contextlib.nullcontext()
+
+
+def pipeline_loss(plan: Plan):
+    """The last stage's loss per microbatch, already divided for the mean over the step.
+
+    The schedule runs with scale_grads=False: its own division rescales *all* gradients,
+    accumulated ones from earlier accumulation micro-steps included.
+    """
+    parts = plan.n_microbatches * plan.grad_accum
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return token_loss(logits, targets) / parts
+
+    return loss_fn
+
+
+def _pipeline_micro(par: Parallelized, mb: torch.Tensor) -> float:
+    losses: list[torch.Tensor] = []
+    args = (mb[:, :-1],) if par.has_first else ()
+    kwargs = dict(target=mb[:, 1:], losses=losses) if par.sees_loss else {}
+    with autocast(par.plan, par.device):
+        par.schedule.step(*args, **kwargs)
+    return float(sum(x.item() for x in losses)) if losses else math.nan
+
+
+def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
+    from .parallel.cp import local_positions, shard_sequence
+
+    cp, r = par.plan.cp, par.coords[MeshAxis.CP]
+    ids, targets = shard_sequence(mb[:, :-1], cp, r), shard_sequence(mb[:, 1:], cp, r)
+    pos = local_positions(ids.shape[1], cp, r, ids.device).unsqueeze(0)
+    with autocast(par.plan, par.device):
+        logits = par.model(ids, position_ids=pos)
+    # Each cp rank's mean is over its own tokens; the replicate/FSDP wrapper averages the
+    # gradients over cp ranks, which makes them those of the whole sequence's mean.
+    loss = token_loss(logits, targets) / par.plan.grad_accum
+    (scaler.scale(loss) if scaler else loss).backward()
+    value = loss.detach().clone()
+    dist.all_reduce(value, group=par.group(MeshAxis.CP))
+    return value.item() / cp
+
+
+def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> float:
+    """Gradients of this rank's rows of the batch (accumulated over micro-steps); the loss it sees."""
+    plan = par.plan
+    micro = batch.chunk(plan.grad_accum)
+    total = 0.0
+    for i, mb in enumerate(micro):
+        if par.schedule is not None:
+            total += _pipeline_micro(par, mb)
+            continue
+        if par.cp_model is not None:
+            total += _cp_micro(par, mb, scaler)
+            continue
+        with no_sync(par, last=i == len(micro) - 1):
+            with autocast(plan, par.device):
+                logits = par.forward_logits(mb[:, :-1])
+            loss = token_loss(logits, mb[:, 1:]) / plan.grad_accum
+            (scaler.scale(loss) if scaler else loss).backward()
+        total += loss.item()
+    par.finish_grads()
+    return total
+
+
+def local_batch(par: Parallelized, step: int) -> torch.Tensor:
+    plan = par.plan
+    return local_slice(global_batch(plan.seed, step, plan.batch_size, plan.seq_len),
+                       par.data_index, par.data_count).to(par.device)
+
+
+def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0) -> StepRecord:
+    plan = par.plan
+    t0 = time.perf_counter()
+    batch = local_batch(par, step)
+    total = forward_backward(par, batch, scaler)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
+                      tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
+                      plan=plan.describe(), lr=plan.lr)

@@ -1,0 +1,110 @@
+"""The pipeline schedule of one step from PipelineEvents, and its bubble fraction.
+
+Owns the schedule picture (a row per stage, bars per F/B/W labelled with the microbatch) and the
+bubble arithmetic. Knows nothing of which schedule (GPipe, 1F1B, zero bubble) produced the events,
+nor of torch, ipyparallel or widgets.
+
+Bubble fraction: within one step, total = latest end - earliest start over all stages; a row's busy
+time is the union of its event intervals (overlaps count once); a row's bubble = 1 - busy / total.
+A row is one (stage, rank): with data parallelism beside pipelining several ranks run a stage, and a
+stage's bubble is the mean of its rows. The overall bubble is the mean over stages.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+import plotly.graph_objects as go
+
+from ..records import PipelineEvent
+from ._common import ACTION_COLORS, ACTION_NAMES, empty_figure, records_of, styled
+from .timeline import is_timed, ordered
+
+XT, YT = "time since step start (s)", "stage"
+
+
+def _busy(intervals: Iterable[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) intervals."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
+
+
+def _select_step(events: list[PipelineEvent], step: int | None) -> tuple[int | None, list[PipelineEvent]]:
+    timed = [e for e in events if is_timed(e)]
+    if not timed:
+        return None, []
+    chosen = max(e.step for e in timed) if step is None else step
+    return chosen, [e for e in timed if e.step == chosen]
+
+
+def bubble_fractions(events: Iterable[PipelineEvent | dict[str, Any]] | None,
+                     step: int | None = None) -> dict[int, float]:
+    """stage -> bubble fraction in [0, 1] for `step` (None: the latest step with timed events)."""
+    _, evs = _select_step(records_of(events, PipelineEvent), step)
+    return _fractions(evs)
+
+
+def _fractions(evs: list[PipelineEvent]) -> dict[int, float]:
+    if not evs:
+        return {}
+    total = max(e.end for e in evs) - min(e.start for e in evs)
+    rows: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
+    for e in evs:
+        rows[(e.stage, e.rank)].append((e.start, e.end))
+    per_stage: dict[int, list[float]] = defaultdict(list)
+    for (stage, _), iv in rows.items():
+        per_stage[stage].append(1.0 - _busy(iv) / total if total > 0 else 0.0)
+    return {s: sum(v) / len(v) for s, v in sorted(per_stage.items())}
+
+
+def overall_bubble(fractions: dict[int, float]) -> float:
+    return sum(fractions.values()) / len(fractions) if fractions else 0.0
+
+
+def pipeline_figure(events: Iterable[PipelineEvent | dict[str, Any]] | None,
+                    step: int | None = None) -> go.Figure:
+    """The schedule of one step (None: the latest): y = stage (one row per rank of the stage when
+    several ranks run it), x = time from the step's first event, one bar trace per action ("F:
+    forward", "B: backward", "W: weight grad"), each bar labelled with its microbatch. The title
+    gives the overall bubble fraction and each stage's."""
+    chosen, evs = _select_step(records_of(events, PipelineEvent), step)
+    if not evs:
+        return empty_figure("Pipeline schedule", XT, YT)
+    fractions = _fractions(evs)
+    t0 = min(e.start for e in evs)
+    ranks_of: dict[int, set[int]] = defaultdict(set)
+    for e in evs:
+        ranks_of[e.stage].add(e.rank)
+
+    def row(e: PipelineEvent) -> str:
+        return f"stage {e.stage}" if len(ranks_of[e.stage]) == 1 else f"stage {e.stage} · rank {e.rank}"
+
+    rows = [f"stage {s}" if len(rs) == 1 else f"stage {s} · rank {r}"
+            for s, rs in sorted(ranks_of.items()) for r in sorted(rs)]
+    fig = go.Figure()
+    for action in ordered((e.action for e in evs), ACTION_COLORS):
+        sel = sorted((e for e in evs if e.action == action), key=lambda e: (e.stage, e.start))
+        fig.add_trace(go.Bar(
+            orientation="h", y=[row(e) for e in sel], x=[max(0.0, e.end - e.start) for e in sel],
+            base=[e.start - t0 for e in sel], name=ACTION_NAMES.get(action, action),
+            marker=dict(color=ACTION_COLORS.get(action), line=dict(color="white", width=1)),
+            text=[str(e.microbatch) for e in sel], textposition="inside", insidetextanchor="middle",
+            customdata=[[e.rank, e.microbatch, (e.end - e.start) * 1e3, e.start - t0] for e in sel],
+            hovertemplate=(f"%{{y}} (rank %{{customdata[0]}}) {action} microbatch %{{customdata[1]}}<br>"
+                           "start %{customdata[3]:.4f} s, %{customdata[2]:.2f} ms<extra></extra>")))
+    per_stage = ", ".join(f"stage {s} {f:.0%}" for s, f in fractions.items())
+    title = (f"Pipeline schedule, step {chosen}: bubble {overall_bubble(fractions):.1%}"
+             f" ({per_stage})")
+    styled(fig, title, XT, YT, barmode="overlay", bargap=0.15)
+    fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed")
+    return fig

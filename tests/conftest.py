@@ -1,0 +1,47 @@
+"""Shared fixtures: a live 4-rank session per module, and leak checks for pools."""
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def pool_footprint(session) -> tuple[list[int], list[int]]:
+    """(pids, listening ports) of everything a session's pool runs."""
+    pids = session._pool.process_tree() + ([session._pool._leash.pid] if session._pool._leash else [])
+    ports = []
+    for conn in psutil.net_connections(kind="inet"):
+        if conn.pid in pids and conn.status == psutil.CONN_LISTEN:
+            ports.append(conn.laddr.port)
+    return pids, ports
+
+
+def assert_gone(pids: list[int], ports: list[int], within: float = 10.0) -> None:
+    deadline = time.monotonic() + within
+    while True:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        listening = {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        still = [p for p in ports if p in listening]
+        if not alive and not still:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left behind: processes {alive}, listening ports {still}")
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def session4():
+    from interactive_parallel import Session
+
+    s = Session(ranks=4)
+    pids, ports = pool_footprint(s)
+    try:
+        yield s
+    finally:
+        s.stop()
+        assert_gone(pids, ports)

@@ -1,0 +1,71 @@
+"""Plan validation: pure, no processes. Every problem is listed at once, naming its numbers."""
+import pytest
+
+from interactive_parallel import Plan, PlanError
+from interactive_parallel.plan import PRESETS, MeshAxis, axis_groups, check, mesh_coords, resolve_model, validate
+from interactive_parallel.plan.models import UnknownModelError
+
+pytestmark = pytest.mark.pure
+LLAMA = PRESETS["tiny-llama"]
+
+
+def test_plan_is_frozen_and_keyword_only():
+    p = Plan(dp=4)
+    with pytest.raises(Exception):
+        p.dp = 2
+    with pytest.raises(TypeError):
+        Plan(4)
+
+
+def test_degrees_must_multiply_to_ranks_and_message_names_numbers():
+    problems = validate(Plan(dp=2, tp=2, pp=2), 4, LLAMA)
+    assert "dp(2) * tp(2) * pp(2) = 8 != ranks(4)" in problems
+
+
+def test_all_problems_at_once():
+    with pytest.raises(PlanError) as exc:
+        check(Plan(dp=3, batch_size=8, seq_len=1000, precision="fp8"), 4, LLAMA)
+    text = str(exc.value)
+    assert "dp(3) = 3 != ranks(4)" in text
+    assert "batch_size(8) is not divisible by dp(3) * fsdp(1) * grad_accum(1) = 3" in text
+    assert "seq_len(1000) > tiny-llama max positions(256)" in text
+    assert "precision 'fp8'" in text
+    assert len(exc.value.problems) == 4
+
+
+def test_tp_must_divide_heads():
+    problems = validate(Plan(tp=3, dp=1), 3, LLAMA)
+    assert "tp(3) does not divide num_attention_heads(4)" in problems
+
+
+def test_non_positive_batch_and_degrees():
+    assert "batch_size(0) must be >= 1" in validate(Plan(dp=1, batch_size=0), 1)
+    assert any("must be a whole number >= 1" in p for p in validate(Plan(dp=0), 1))
+
+
+def test_fp16_refused_on_cpu_and_cuda_without_gpu():
+    assert any("fp16" in p for p in validate(Plan(precision="fp16"), 1))
+    assert any("no GPU" in p for p in validate(Plan(device="cuda"), 1, cuda_available=0))
+
+
+def test_parse_from_command_line_text():
+    assert Plan.parse("dp=2,tp=2 seq_len=32") == Plan(dp=2, tp=2, seq_len=32)
+    with pytest.raises(PlanError):
+        Plan.parse("dq=2")
+
+
+def test_mesh_coordinates_tp_innermost():
+    shape = Plan(dp=2, tp=2).mesh_shape
+    assert mesh_coords(1, shape)[MeshAxis.TP] == 1 and mesh_coords(1, shape)[MeshAxis.DP] == 0
+    assert axis_groups(shape, MeshAxis.TP) == [[0, 1], [2, 3]]
+    assert axis_groups(shape, MeshAxis.DP) == [[0, 2], [1, 3]]
+
+
+def test_resolve_model_presets_configs_and_unknown(tmp_path):
+    assert resolve_model("tiny-gpt2").family == "gpt2"
+    assert resolve_model({"model_type": "llama", "vocab_size": 128}).family == "llama"
+    with pytest.raises(UnknownModelError, match="not a preset"):
+        resolve_model("gpt-9000")
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "vocab_size": 128, "num_hidden_layers": 2}')
+    spec = resolve_model(str(tmp_path))
+    assert spec.source == str(tmp_path.resolve()) and spec.num_layers == 2
