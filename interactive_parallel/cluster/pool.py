@@ -63,11 +63,16 @@ class AttachedPool(Pool):
 
 
 class LocalPool(Pool):
-    """N engines on this machine, owned by this process."""
+    """N engines on this machine, owned by this process.
+
+    Logs at ERROR by default: ipyparallel warns with each engine's whole log when an engine
+    set stops with a non-zero code, which engines torn down with torch loaded often do;
+    stop() checks for itself that every process is gone.
+    """
 
     owned = True
 
-    def __init__(self, n: int, *, timeout: float = 60.0, log_level: int = logging.WARNING):
+    def __init__(self, n: int, *, timeout: float = 60.0, log_level: int = logging.ERROR, warm_imports: bool = True):
         import ipyparallel as ipp
 
         self.n = n
@@ -78,6 +83,9 @@ class LocalPool(Pool):
             n=n, profile_dir=self.profile_dir, controller_ip="127.0.0.1", log_level=log_level,
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}"], engine_timeout=int(timeout),
             delay=0.1, shutdown_atexit=True)
+        if warm_imports:
+            self.cluster.config.LocalEngineSetLauncher.engine_cmd = [
+                sys.executable, "-m", "interactive_parallel.cluster.engine"]
         self.description = f"local pool of {n} engines (cluster {self.cluster.cluster_id})"
         self._start_leash()
         try:
@@ -153,6 +161,13 @@ class LocalPool(Pool):
     def stop(self) -> None:
         pids = self.pids() if getattr(self, "cluster", None) else []
         tree = self.process_tree() if pids else []
+        if self.client is not None:
+            try:
+                # Ask the engines to exit cleanly first: a signalled engine exits non-zero
+                # and ipyparallel then dumps its whole log into the notebook.
+                self.client.shutdown(targets="all", block=True)
+            except Exception:  # noqa: BLE001 - signals below finish the job
+                pass
         super().stop()
         if getattr(self, "cluster", None) is not None:
             try:

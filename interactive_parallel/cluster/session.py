@@ -54,6 +54,7 @@ class Session:
         self._paths: set[str] = set()
         self._importable = {"interactive_parallel", "torch", "transformers", "builtins", "math", "os"}
         self._caller: RankCaller | None = None
+        self._view = None
         self._pool: Pool | None = _pool
         try:
             if self._pool is None:
@@ -107,6 +108,8 @@ class Session:
             if over:
                 raise SessionError("one GPU per local rank needed; " + "; ".join(over))
         self._caller = RankCaller(pool.client, ids, [f["host"] for f in facts])
+        self._view = pool.client[ids]
+        self._view.block = True  # %px cells show each rank's output when they finish
         world = len(ids)
         self._wait(self._caller.submit(api.setup, per_rank=lambda r: (
             (r, world, self.ranks_info[r]["local_rank"], per_host[self.ranks_info[r]["host"]], self.threads), {})),
@@ -135,7 +138,7 @@ class Session:
         """The ipyparallel DirectView of the ranks, in rank order (for %px and your own code)."""
         if self._pool is None or self._pool.client is None:
             raise SessionError("the session is stopped")
-        return self._pool.client[self._caller.engine_ids if self._caller else self._pool.engine_ids]
+        return self._view
 
     def stop(self) -> None:
         """Release the ranks: tear down the process group and, for a pool we started, stop
@@ -325,6 +328,13 @@ class Session:
         next step boundary."""
         return run_sync(self.train_async(steps, **kwargs))
 
+    def panel(self=None):  # noqa: N805 - also called on the class: Session.panel() starts from nothing
+        """The JupyterLab control panel for this session (on the class: one whose Cluster section
+        starts a session). Every control calls a public method of this class."""
+        from ..widgets import panel
+
+        return panel(self)
+
     def interrupt(self) -> None:
         """Stop a running train() at the next step boundary (safe from another thread)."""
         self._interrupt.set()
@@ -370,6 +380,25 @@ class Session:
             problems.append(f"top_k({top_k}) must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def records(self) -> list:
+        """Every record the session holds, for reports: steps so far, plus whatever the
+        telemetry views return."""
+        out = list(self.history)
+        for view in ("memory", "comms", "layout", "timeline"):
+            fn = getattr(self, view, None)
+            if fn is not None and self.plan is not None:
+                out += list(fn())
+        return out
+
+    def report(self, path: str = "report.html", *, title: str = "interactive_parallel report") -> str:
+        """Every figure of this session in one standalone HTML file."""
+        from ..viz import figures_from_records, write_report
+
+        figures = figures_from_records([r.to_dict() for r in self.records()])
+        summary = (f"<p>{self.world_size} ranks on {self.device}; model {self.spec.name if self.spec else '-'}; "
+                   f"plan {self.plan.describe() if self.plan else '-'}; {len(self.history)} step records</p>")
+        return str(write_report(path, figures, title=title, summary_html=summary))
 
     def reset_process_group(self) -> None:
         """Tear the process group down and rendezvous again (engines and weights kept where

@@ -18,7 +18,8 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 # Degrees that run today; the others are validated and refused until their runtime lands.
-SUPPORTED_AXES: frozenset[MeshAxis] = frozenset({MeshAxis.DP})
+SUPPORTED_AXES: frozenset[MeshAxis] = frozenset(
+    {MeshAxis.DP, MeshAxis.FSDP, MeshAxis.TP, MeshAxis.PP, MeshAxis.CP})
 
 
 class PlanError(ValueError):
@@ -151,6 +152,7 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append(f"lr({plan.lr}) must be > 0")
 
     problems += _batch_problems(plan)
+    problems += _combination_problems(plan)
     if spec is not None:
         problems += _model_problems(plan, spec)
     return problems
@@ -184,6 +186,25 @@ def _batch_problems(plan: Plan) -> list[str]:
     return problems
 
 
+def _combination_problems(plan: Plan) -> list[str]:
+    """Layouts the runtime cannot compose, and pipeline schedule limits."""
+    problems = []
+    if plan.cp > 1 and plan.pp > 1:
+        problems.append(f"cp({plan.cp}) with pp({plan.pp}) is not supported: context-parallel attention "
+                        "needs the position ids that pipeline stages do not pass on")
+    if plan.pp > 1:
+        m = plan.n_microbatches
+        if plan.pp_schedule == "1f1b" and m < plan.pp:
+            problems.append(f"pp_schedule '1f1b' needs microbatches({m}) >= pp({plan.pp})")
+        if plan.pp_schedule == "interleaved-1f1b":
+            if plan.virtual_stages < 2:
+                problems.append(f"pp_schedule 'interleaved-1f1b' needs virtual_stages({plan.virtual_stages}) >= 2")
+            elif m % plan.pp:
+                problems.append(f"pp_schedule 'interleaved-1f1b' needs microbatches({m}) to be a multiple of "
+                                f"pp({plan.pp})")
+    return problems
+
+
 def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     problems = []
     if spec.max_positions and plan.seq_len > spec.max_positions:
@@ -195,10 +216,12 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
                 problems.append(f"tp({plan.tp}) does not divide {what}({n})")
     if plan.pp > 1:
         stages = plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
+        what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}"
+                if plan.pp_schedule == "interleaved-1f1b" else f"pp({plan.pp})")
         if spec.num_layers < stages:
-            problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages({stages})")
+            problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages {what}")
         elif spec.num_layers % stages:
-            problems.append(f"pipeline stages({stages}) do not divide num_hidden_layers({spec.num_layers})")
+            problems.append(f"pipeline stages {what} do not divide num_hidden_layers({spec.num_layers})")
     return problems
 
 

@@ -17,6 +17,9 @@ from . import state as _state
 
 def identify() -> dict[str, Any]:
     """Facts the client needs to assign ranks, before any torch.distributed exists."""
+    from . import warm
+
+    warm.wait()  # the first call: later ones find the imports done
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -164,3 +167,43 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
 def full_state_dict() -> dict[str, Any]:
     """Full weights as CPU tensors (a collective under sharded plans)."""
     return _state.get().parallel.full_state_dict()
+
+
+def verify(step: int | None = None) -> dict[str, Any]:
+    """The applied plan vs a single-process reference on the same weights and batch (a collective).
+
+    Returns {ok, tolerance: {loss, grad}, loss_ref, loss_par, dloss, max_grad_diff,
+    params: [{name, max_abs_diff, shape}]}; the same dict on every rank. No optimizer step.
+    """
+    from .verify import verify as _verify
+
+    st = _require_plan()
+    return _verify(st.parallel, st.step if step is None else step)
+
+
+def save_checkpoint(path: str) -> dict[str, Any]:
+    """Write the model with torch.distributed.checkpoint (a collective): {path, tensors, plan}."""
+    from .checkpoint import save
+
+    return save(_require_plan().parallel, path)
+
+
+def load_checkpoint(path: str) -> dict[str, Any]:
+    """Load weights saved under any plan into the current layout (a collective): {path, tensors, plan}.
+
+    The optimizer starts fresh: its moments belonged to the weights that were replaced.
+    """
+    from .checkpoint import load
+    from .train import make_optimizer
+
+    st = _require_plan()
+    info = load(st.parallel, path)
+    st.optimizer = make_optimizer(st.parallel)
+    return info
+
+
+def _require_plan():
+    st = _state.get()
+    if st.parallel is None:
+        raise RuntimeError(f"rank {st.rank}: no plan applied: call apply_plan first")
+    return st

@@ -3,7 +3,10 @@
 Owns the decoding loop. Every rank runs exactly max_new_tokens forward passes (no early
 stop) so that ranks whose forward is a collective stay in lockstep; text is cut at the
 end-of-sequence token afterwards. Sampling draws from a generator seeded the same on
-every rank, so tensor-parallel ranks agree on each token. Knows nothing of layouts.
+every rank, so tensor-parallel ranks agree on each token. Knows nothing of layouts:
+Parallelized.forward_logits returns full logits on every rank (under PP the last stage
+broadcasts them; stages are run with plain send/recv because a PipelineStage cannot
+change its sequence length), so every rank builds the same completions.
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_s
     par.model.eval()
     try:
         for _ in range(max_new_tokens):
-            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-            logits = par.forward_logits(ids, attention_mask=mask, position_ids=position_ids)[:, -1, :].float()
+            step_ids, step_mask = _pad_for_layout(par, ids, mask)
+            position_ids = (step_mask.cumsum(-1) - 1).clamp(min=0)
+            logits = par.forward_logits(step_ids, attention_mask=step_mask,
+                                        position_ids=position_ids)[:, -1, :].float()
             logits[:, len(tok):] = float("-inf")  # padding rows of the embedding are never text
             if do_sample:
                 logits = logits / max(temperature, 1e-5)
@@ -41,8 +46,25 @@ def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_s
             mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
     finally:
         par.model.train()
+    return _decode(tok, ids[:, prompt_len:])
+
+
+def _pad_for_layout(par: Parallelized, ids: torch.Tensor, mask: torch.Tensor):
+    """Left-pad so sequence-parallel layers can cut the sequence evenly over tp ranks.
+
+    Padding is masked out and positions come from the mask, so the logits are unchanged.
+    """
+    plan = par.plan
+    extra = (-ids.shape[1]) % plan.tp if plan.sequence_parallel and plan.tp > 1 else 0
+    if not extra:
+        return ids, mask
+    pad = torch.zeros(ids.shape[0], extra, dtype=ids.dtype, device=ids.device)
+    return torch.cat([pad, ids], 1), torch.cat([torch.zeros_like(pad, dtype=mask.dtype), mask], 1)
+
+
+def _decode(tok, new_ids: torch.Tensor) -> list[str]:
     out = []
-    for row in ids[:, prompt_len:].tolist():
+    for row in new_ids.tolist():
         if tok.eos_token_id in row:
             row = row[:row.index(tok.eos_token_id)]
         out.append(tok.decode(row, skip_special_tokens=True))

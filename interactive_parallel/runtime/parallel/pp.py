@@ -93,8 +93,9 @@ def split_stages(raw: nn.Module, spec: ModelSpec, plan: Plan, pp_rank: int) -> l
 def build_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device, loss_fn):
     """PipelineStage per module and the plan's schedule over them.
 
-    scale_grads=True: each microbatch's loss is a mean over its tokens, and the schedule
-    divides gradients by the microbatch count, so they equal the whole batch's mean.
+    scale_grads=False: `loss_fn` already divides by the microbatch (and accumulation)
+    count. The schedule's own scaling divides *every* gradient after each step, which
+    would also shrink what earlier accumulation micro-steps left there.
     """
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)
@@ -102,7 +103,7 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device,
     pp_rank = dist.get_rank(pp_group)
     stages = [PipelineStage(m, s, n_stages(plan), device, group=pp_group)
               for m, s in zip(stage_modules, stage_ids(plan, pp_rank))]
-    kw = dict(n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=True)
+    kw = dict(n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=False)
     if plan.pp_schedule == "interleaved-1f1b":
         return ScheduleInterleaved1F1B(stages, **kw), stages
     cls = ScheduleGPipe if plan.pp_schedule == "gpipe" else Schedule1F1B

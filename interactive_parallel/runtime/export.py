@@ -1,0 +1,75 @@
+"""Export a session's model, plan and training settings as a standalone torchrun script.
+
+Owns the text of that script: it rebuilds the same model (spec), layout (plan) and
+training knobs from interactive_parallel.runtime, with no ipyparallel and no notebook,
+and prints the loss of each step, so a run set up interactively can be repeated (or
+scaled out) from a shell. Knows nothing of the session that asks for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pprint
+
+from ..plan import ModelSpec, Plan
+
+_TEMPLATE = '''"""{title}
+
+Run: torchrun --nproc_per_node {world} {{this file}}
+Exported by interactive_parallel: the same model, plan and training settings as the
+session, rebuilt from interactive_parallel.runtime (no ipyparallel). Rank 0 prints the
+loss of each step (the mean over the ranks that see it).
+"""
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from interactive_parallel.plan import ModelSpec, Plan, check
+from interactive_parallel.runtime import dist as rdist
+from interactive_parallel.runtime.parallelize import parallelize
+from interactive_parallel.runtime.train import make_optimizer, make_scaler, train_step
+from interactive_parallel.runtime.verify import global_loss
+
+SPEC = ModelSpec(**{spec})
+PLAN = Plan(**{plan})
+STEPS = {steps}
+TIMEOUT_S = {timeout}
+
+
+def main() -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    rdist.set_identity(rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    check(PLAN, world, SPEC)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    # DeviceMesh sub-groups take the module default, not the world group's timeout.
+    c10d.default_pg_timeout = timeout
+    if PLAN.device == "cuda":
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group(rdist.backend_for(PLAN.device), timeout=timeout)
+    par = parallelize(SPEC, PLAN, device=rdist.torch_device(PLAN.device, local_rank))
+    optimizer, scaler = make_optimizer(par), make_scaler(PLAN)
+    for step in range(STEPS):
+        rec = train_step(par, optimizer, step, scaler=scaler, rank=rank)
+        loss = global_loss(par, rec.loss)
+        if rank == 0:
+            print(f"step {{step}} loss {{loss:.6f}} time_s {{rec.time_s:.3f}}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def script_text(spec: ModelSpec, plan: Plan, steps: int, *, timeout_s: float = 120.0) -> str:
+    """Python source of a `torchrun --nproc_per_node plan.world_size` script training `steps` steps."""
+    if steps < 1:
+        raise ValueError(f"steps({steps}) must be >= 1")
+    spec_dict = pprint.pformat(dataclasses.asdict(spec), indent=4, width=100, sort_dicts=False)
+    plan_dict = pprint.pformat(plan.to_dict(), indent=4, width=100, sort_dicts=False)
+    return _TEMPLATE.format(title=f"{spec.name} under {plan.describe()}: {steps} training steps",
+                            world=plan.world_size, spec=spec_dict, plan=plan_dict, steps=int(steps),
+                            timeout=float(timeout_s))

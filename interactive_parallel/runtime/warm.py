@@ -1,0 +1,34 @@
+"""Warm-up of the heavy imports (torch, transformers) in a thread, as a rank process starts.
+
+Owns the warm-up thread and the wait for it. transformers resolves its names lazily and
+that resolution is not thread-safe: the first real use must wait until the warm-up is
+done (runtime.api.identify does). Knows nothing else.
+"""
+from __future__ import annotations
+
+import threading
+
+_done = threading.Event()
+_started = False
+
+
+def _warm() -> None:
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+        from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+    except Exception:  # noqa: BLE001 - a failed warm-up shows up again, with its error, on first use
+        pass
+    finally:
+        _done.set()
+
+
+def start() -> None:
+    global _started
+    _started = True
+    threading.Thread(target=_warm, name="warm-imports", daemon=True).start()
+
+
+def wait(timeout: float = 120.0) -> None:
+    if _started:
+        _done.wait(timeout)

@@ -1,0 +1,219 @@
+"""What every panel section shares: CSS classes, in-place figure refresh, the action runner, jobs.
+
+Owns the callback discipline of DESIGN.md (disable the controls, run inside the error Output,
+show the remote traceback naming the rank, re-enable in `finally`), the one helper that copies a
+freshly drawn plotly Figure into a live FigureWidget, and the runner that keeps a long coroutine
+(training) off the kernel's back. Knows nothing of what any button does, nor of torch or plans.
+"""
+from __future__ import annotations
+
+import asyncio
+import html
+import threading
+import traceback
+from typing import Any, Callable, Coroutine, Iterable
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from ..cluster.errors import RankError, RankTimeout, SessionError
+
+
+def css(widget: W.DOMWidget, *classes: str) -> W.DOMWidget:
+    """`widget` with CSS classes added (the browser test selects controls by them)."""
+    for c in classes:
+        widget.add_class(c)
+    return widget
+
+
+def button(description: str, cls: str, *, style: str = "", tooltip: str = "") -> W.Button:
+    return css(W.Button(description=description, button_style=style, tooltip=tooltip or description), cls)
+
+
+def pre(text: str) -> str:
+    return f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(text)}</pre>"
+
+
+def figure_widget(figure: go.Figure, cls: str, height: int = 360) -> go.FigureWidget:
+    widget = go.FigureWidget(figure)
+    widget.update_layout(height=height, margin=dict(l=50, r=20, t=50, b=40))
+    return css(widget, "ip-figure", cls)
+
+
+# ---- in-place figure refresh ------------------------------------------------------------------
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Dotted paths to leaves; lists and the template are leaves (assigned whole)."""
+    out: dict[str, Any] = {}
+    for key, value in d.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value and key != "template":
+            out.update(_flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def _shape(trace_json: dict) -> set[str]:
+    return set(_flatten({k: v for k, v in trace_json.items() if k != "uid"}))
+
+
+def refresh(widget: go.FigureWidget, figure: go.Figure, *, keep: Iterable[str] = ("height", "margin")) -> None:
+    """Make the live `widget` show `figure` without rebuilding it.
+
+    Traces of the same count, types and properties are updated in place (one batched message:
+    the loss curve grows without flicker); otherwise they are replaced. The layout is diffed
+    leaf by leaf and stale leaves are set to None, because the browser side merges a relayout
+    into what it has: without the reset an empty-state note or hidden ticks would linger.
+    `keep` names layout keys the panel owns (its size), left as they are.
+    """
+    old_traces = [t.to_plotly_json() for t in widget.data]
+    new_traces = [t.to_plotly_json() for t in figure.data]
+    in_place = len(old_traces) == len(new_traces) and all(
+        _shape(a) == _shape(b) for a, b in zip(old_traces, new_traces))
+    if not in_place:
+        widget.data = ()
+        if figure.data:
+            widget.add_traces(list(figure.data))
+    old = _flatten(widget.layout.to_plotly_json())
+    new = _flatten(figure.layout.to_plotly_json())
+    owned = tuple(keep)
+    skip = lambda path: path.split(".")[0] in owned  # noqa: E731
+    with widget.batch_update():
+        if in_place:
+            for trace, fresh in zip(widget.data, new_traces):
+                trace.update({k: v for k, v in fresh.items() if k not in ("type", "uid")}, overwrite=True)
+        for path in old:
+            if path not in new and not skip(path):
+                widget.layout[path] = None
+        for path, value in new.items():
+            if not skip(path) and old.get(path) != value:
+                widget.layout[path] = value
+
+
+# ---- errors -----------------------------------------------------------------------------------
+class MissingMethod(AttributeError):
+    """The session has no such public method (an older or partial version of the package)."""
+
+
+def describe_error(exc: BaseException, what: str = "") -> str:
+    """Text for the panel's error area: a rank's failure names the rank and carries its traceback;
+    a refusal (bad plan, bad input) is its message alone; anything else adds the local traceback."""
+    head = f"{what} failed: " if what else ""
+    if isinstance(exc, RankError):
+        return f"{head}rank {exc.rank}" + (f" ({exc.host})" if exc.host else "") + f" raised {exc.ename}\n{exc}"
+    if isinstance(exc, (RankTimeout, SessionError, ValueError, KeyError, OSError, MissingMethod)):
+        return f"{head}{type(exc).__name__}: {exc}"
+    return f"{head}{''.join(traceback.format_exception(exc))}"
+
+
+def session_method(session: Any, name: str) -> Callable:
+    fn = getattr(session, name, None)
+    if not callable(fn):
+        raise MissingMethod(f"this Session has no {name}() method: the installed interactive_parallel "
+                            f"does not provide {name}() yet, so the panel cannot show it")
+    return fn
+
+
+class Actions:
+    """Runs the panel's callbacks: disables every action control while one runs (the kernel is
+    busy, queued clicks would pile up), captures output in the error Output, shows failures
+    there, and in `finally` hands the controls back to `sync`, which derives each one's
+    enabled state from what is true now (a session may have started or stopped meanwhile)."""
+
+    def __init__(self, errors: W.Output, sync: Callable[[], None] = lambda: None):
+        self.errors = errors
+        self.sync = sync
+        self.controls: list[W.DOMWidget] = []
+
+    def register(self, *controls: W.DOMWidget) -> None:
+        self.controls.extend(controls)
+
+    def show(self, text: str) -> None:
+        # append_stdout works with or without a kernel (tests read .outputs) and from any thread.
+        self.errors.append_stdout(text if text.endswith("\n") else text + "\n")
+
+    def clear(self) -> None:
+        self.errors.outputs = ()
+
+    def freeze(self, keep: Iterable[W.DOMWidget] = ()) -> None:
+        kept = set(map(id, keep))
+        for c in self.controls:
+            c.disabled = id(c) not in kept
+
+    def run(self, what: str, fn: Callable[[], Any]) -> Any:
+        """fn() with the controls frozen; its exception shown (never raised into the kernel)."""
+        self.clear()
+        self.freeze()
+        try:
+            with self.errors:
+                try:
+                    return fn()
+                except Exception as exc:  # noqa: BLE001 - every failure belongs in the panel
+                    self.show(describe_error(exc, what))
+                    return None
+        finally:
+            self.sync()
+
+    def on_click(self, btn: W.Button, what: str, fn: Callable[[], Any]) -> W.Button:
+        self.register(btn)
+        btn.on_click(lambda _b: self.run(what, fn))
+        return btn
+
+
+# ---- long work ----------------------------------------------------------------------------------
+class Job:
+    """A coroutine run without blocking whoever started it.
+
+    Inside a notebook kernel (a running asyncio loop) it is a task on that loop: cells and
+    widget clicks (the Stop button) keep being served between steps, and its callbacks touch
+    widgets from the kernel's own thread. Without a running loop (a script, a test) it runs in
+    a thread of its own; `wait()` is for that case only (it would block a kernel's loop).
+    """
+
+    def __init__(self, coro: Coroutine, on_done: Callable[[Any, BaseException | None], None]):
+        self._on_done = on_done
+        self._event = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.finished = False
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            self.task = loop.create_task(coro)
+            self.task.add_done_callback(self._task_done)
+            self.thread = None
+        else:
+            self.task = None
+            self.thread = threading.Thread(target=self._thread_main, args=(coro,), daemon=True,
+                                           name="interactive-parallel-panel-job")
+            self.thread.start()
+
+    def _thread_main(self, coro: Coroutine) -> None:
+        try:
+            self._finish(asyncio.run(coro), None)
+        except BaseException as exc:  # noqa: BLE001 - handed to on_done
+            self._finish(None, exc)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled():
+            self._finish(None, asyncio.CancelledError("cancelled"))
+        else:
+            exc = task.exception()
+            self._finish(None if exc else task.result(), exc)
+
+    def _finish(self, result: Any, error: BaseException | None) -> None:
+        self.result, self.error = result, error
+        self.finished = True  # before on_done: it re-enables controls and asks whether work runs
+        try:
+            self._on_done(result, error)
+        finally:
+            self._event.set()
+
+    @property
+    def done(self) -> bool:
+        return self.finished
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(timeout)

@@ -1,0 +1,123 @@
+"""The panel's Cluster section: start, attach to or stop the ranks; per-rank status; doctor.
+
+Owns the controls that create or end a Session (`Session(ranks, device)`, `Session.attach`,
+`session.stop()`) and the display of `session.ranks_info` and `session.doctor()`. Knows nothing
+of plans, models or training; the whether-a-GPU-exists check is made lazily (from the ranks'
+own report when a session exists, else torch in this kernel) so importing the panel stays light.
+"""
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as W
+
+from ._common import button, css, pre
+
+if TYPE_CHECKING:
+    from .panel import Panel
+
+DEVICES = ("cpu", "cuda")
+
+
+def cuda_unavailable_reason(session: Any = None) -> str:
+    """'' when cuda can be offered, else why not (the ranks' GPU counts, or torch in this kernel)."""
+    if session is not None and getattr(session, "ranks_info", None):
+        short = sorted({r.get("host", "?") for r in session.ranks_info if not r.get("cuda")})
+        return f"torch on {', '.join(short)} sees no GPU" if short else ""
+    try:
+        import torch  # lazily: a kernel that never opens the panel never pays for it
+    except ImportError:
+        return "torch is not installed in this kernel"
+    return "" if torch.cuda.is_available() else "torch in this kernel sees no GPU"
+
+
+class ClusterSection:
+    """Start / Attach / Stop, the status line of each rank, and Doctor."""
+
+    def __init__(self, panel: "Panel"):
+        self.panel = panel
+        session = panel.session
+        self.cuda_reason = cuda_unavailable_reason(session)
+        devices = [d for d in DEVICES if d != "cuda" or not self.cuda_reason]
+        self.device = css(W.Dropdown(options=devices, value=getattr(session, "device", "cpu"),
+                                     description="device", layout=W.Layout(width="160px")), "ip-device")
+        self.device_note = css(W.HTML(f"<i>cuda disabled: {html.escape(self.cuda_reason)}</i>"
+                                      if self.cuda_reason else ""), "ip-device-note")
+        self.ranks = css(W.IntText(value=getattr(session, "world_size", 0) or 4, description="ranks",
+                                   layout=W.Layout(width="140px")), "ip-ranks")
+        self.start = button("Start", "ip-start-button", style="success",
+                            tooltip="Session(ranks, device): start a local pool of ranks")
+        self.cluster_id = css(W.Text(placeholder="cluster id", layout=W.Layout(width="160px")), "ip-cluster-id")
+        self.profile = css(W.Text(placeholder="profile", layout=W.Layout(width="120px")), "ip-profile")
+        self.attach = button("Attach", "ip-attach-button", tooltip="Session.attach(cluster id, profile)")
+        self.stop = button("Stop", "ip-stop-cluster-button", style="danger", tooltip="session.stop()")
+        self.doctor = button("Doctor", "ip-doctor-button", tooltip="session.doctor(): versions, barrier, all_reduce")
+        self.status = css(W.HTML(), "ip-rank-status")
+        self.doctor_out = css(W.HTML(), "ip-doctor-output")
+        actions = panel.actions
+        actions.register(self.device, self.ranks)
+        actions.on_click(self.start, "start", self._start)
+        actions.on_click(self.attach, "attach", self._attach)
+        actions.on_click(self.stop, "stop", self._stop)
+        actions.on_click(self.doctor, "doctor", self._doctor)
+        self.widget = css(W.VBox([
+            W.HTML("<b>Cluster</b>"),
+            W.HBox([self.device, self.ranks, self.start, self.stop, self.doctor]),
+            W.HBox([self.cluster_id, self.profile, self.attach, self.device_note]),
+            self.status, self.doctor_out,
+        ]), "ip-section", "ip-section-cluster")
+
+    # ---- callbacks (each a public Session call) ------------------------------------------------
+    def _start(self) -> None:
+        from ..cluster import Session
+
+        self._stop_current()
+        self.panel.set_session(Session(ranks=self.ranks.value, device=self.device.value))
+
+    def _attach(self) -> None:
+        from ..cluster import Session
+
+        self._stop_current()
+        self.panel.set_session(Session.attach(self.cluster_id.value.strip(), self.profile.value.strip() or None,
+                                              device=self.device.value))
+
+    def _stop_current(self) -> None:
+        if self.panel.session is not None:
+            self.panel.session.stop()
+
+    def _stop(self) -> None:
+        self._stop_current()
+        self.panel.set_session(None)
+
+    def _doctor(self) -> None:
+        rows = self.panel.require().doctor()
+        self.doctor_out.value = pre(str(rows))
+
+    # ---- display -------------------------------------------------------------------------------
+    def sync(self, alive: bool, busy: bool) -> None:
+        """Which controls make sense now; the status lines."""
+        self.start.disabled = self.attach.disabled = alive or busy
+        self.device.disabled = self.ranks.disabled = alive or busy
+        self.stop.disabled = self.doctor.disabled = not alive or busy
+        s = self.panel.session
+        if alive:
+            if s.device in self.device.options:
+                self.device.value = s.device
+            self.ranks.value = s.world_size
+        self.status.value = self.status_html()
+
+    def status_html(self) -> str:
+        s = self.panel.session
+        if not self.panel.alive:
+            return "<i>no session: choose ranks and device, then Start (or Attach to a running cluster)</i>"
+        state = self.panel.activity or "idle"
+        rows = []
+        for info in s.ranks_info:
+            device = s.device + (f":{info.get('local_rank', 0)}" if s.device == "cuda" else "")
+            rows.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
+                f"rank {info.get('rank')}", info.get("host", ""), info.get("pid", ""), device,
+                info.get("state", state))) + "</tr>")
+        head = "".join(f"<th style='text-align:left;padding-right:1em'>{h}</th>"
+                       for h in ("rank", "host", "pid", "device", "state"))
+        return f"<table class='ip-rank-table'><tr>{head}</tr>{''.join(rows)}</table>"

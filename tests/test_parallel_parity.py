@@ -1,0 +1,85 @@
+"""Parity of every parallel layout against one process: same seed, weights and global batch.
+
+Each world size is spawned once (module fixture) and runs all its plans in turn; the
+tests then compare per-step losses of 3 AdamW steps (fp32), the loss and full gradients
+of the next batch, and the final weights with the single-process run.
+Tolerances (absolute): loss LOSS_TOL = 1e-5, gradients GRAD_TOL = 1e-5, weights after
+3 AdamW steps WEIGHT_TOL = 1e-4 (AdamW divides by sqrt(v): a gradient that differs by
+1e-8 where it is itself ~1e-8 moves a weight by up to lr = 1e-3 times a ratio, so
+weights get a looser bound than gradients; measured ~1e-5).
+"""
+from __future__ import annotations
+
+import pytest
+
+from mp_harness import run_ranks
+import parity_workers as W
+
+pytestmark = pytest.mark.multirank
+
+LOSS_TOL, GRAD_TOL, WEIGHT_TOL = 1e-5, 1e-5, 1e-4
+STEPS = 3
+
+LLAMA, GPT2 = "tiny-llama", "tiny-gpt2"
+CONFIGS_2 = [
+    ("llama-tp2", LLAMA, dict(tp=2)),
+    ("llama-tp2-sp", LLAMA, dict(tp=2, sequence_parallel=True)),
+    ("llama-pp2-gpipe", LLAMA, dict(pp=2, pp_schedule="gpipe")),
+    ("llama-pp2-1f1b", LLAMA, dict(pp=2, pp_schedule="1f1b")),
+    ("llama-pp2-interleaved", LLAMA, dict(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)),
+    ("llama-pp2-1f1b-accum2-mb4", LLAMA, dict(pp=2, microbatches=4, grad_accum=2)),
+    ("llama-cp2", LLAMA, dict(cp=2)),
+    ("gpt2-pp2", GPT2, dict(pp=2)),
+    ("gpt2-tp2", GPT2, dict(tp=2)),
+]
+CONFIGS_4 = [
+    ("llama-dp4", LLAMA, dict(dp=4)),
+    ("llama-fsdp4", LLAMA, dict(fsdp=4)),
+    ("llama-tp4", LLAMA, dict(tp=4)),
+    ("llama-pp4", LLAMA, dict(pp=4)),
+    ("llama-dp2xtp2", LLAMA, dict(dp=2, tp=2)),
+    ("llama-fsdp2xtp2", LLAMA, dict(fsdp=2, tp=2)),
+    ("llama-hsdp-dp2xfsdp2", LLAMA, dict(dp=2, fsdp=2)),
+    ("llama-pp2xtp2", LLAMA, dict(pp=2, tp=2)),
+    ("llama-pp2xdp2", LLAMA, dict(pp=2, dp=2)),
+    ("llama-cp2xtp2", LLAMA, dict(cp=2, tp=2)),
+    ("llama-cp2xdp2", LLAMA, dict(cp=2, dp=2)),
+    ("gpt2-dp2xtp2", GPT2, dict(dp=2, tp=2)),
+]
+ALL = {label: (preset, fields) for label, preset, fields in CONFIGS_2 + CONFIGS_4}
+
+
+@pytest.fixture(scope="module")
+def results():
+    out = {}
+    out.update(run_ranks(W.parity_group, 2, CONFIGS_2, STEPS)[0])
+    out.update(run_ranks(W.parity_group, 4, CONFIGS_4, STEPS)[0])
+    return out
+
+
+_refs: dict = {}
+
+
+def reference(preset: str, fields: dict) -> dict:
+    key = (preset, fields.get("grad_accum", 1))
+    if key not in _refs:
+        _refs[key] = W.reference(preset, fields, STEPS)
+    return _refs[key]
+
+
+def max_diff(a: dict, b: dict) -> float:
+    assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("label", list(ALL))
+def test_parity(results, label):
+    preset, fields = ALL[label]
+    ref, got = reference(preset, fields), results[label]
+    dloss = max(abs(a - b) for a, b in zip(ref["losses"], got["losses"]))
+    dgrad = max_diff(ref["grads"], got["grads"])
+    dweight = max_diff(ref["weights"], got["weights"])
+    print(f"{label}: dloss {dloss:.2e} dgrad {dgrad:.2e} dweight {dweight:.2e}")
+    assert dloss <= LOSS_TOL, f"{label}: losses {got['losses']} vs {ref['losses']}"
+    assert dgrad <= GRAD_TOL, f"{label}: max gradient difference {dgrad:.3e}"
+    assert dweight <= WEIGHT_TOL, f"{label}: max weight difference {dweight:.3e}"
