@@ -44,6 +44,9 @@ CELLS = [
     "p = s.panel()\n"
     "p",
     "print('PANEL-' + 'READY')",
+    # Training ran as a task on the kernel's loop (cells and the Stop button stay served), not a thread.
+    "job = p.run_section.job\n"
+    "print('JOB-MODE', 'none' if job is None else 'task' if job.task is not None else 'thread')\n"
     "s.stop()\nprint('SESSION-' + 'STOPPED')",
 ]
 
@@ -155,6 +158,8 @@ def test_panel_in_jupyterlab():
     (root / NOTEBOOK).write_text(json.dumps(notebook_json()))
     lab = Lab(root)
     pool_pids: list[int] = []
+    stop_error: Exception | None = None
+    job_mode = ""
     timings: dict[str, float] = {}
     try:
         lab.wait_ready()
@@ -208,6 +213,8 @@ def test_panel_in_jupyterlab():
                 assert len(generated.text_content()) > len("hello world")
                 sync_api.expect(panel.locator(".ip-error-output")).to_have_text("", timeout=1_000)
                 timings["generated"] = time.monotonic() - t0
+                panel.locator(".ip-views .lm-TabBar-tab", has_text="loss").click()
+                sync_api.expect(traces).to_have_count(5, timeout=10_000)
                 panel.screenshot(path=str(shot))
             except BaseException:
                 try:
@@ -218,7 +225,10 @@ def test_panel_in_jupyterlab():
             finally:
                 try:  # the last cell stops the session, pass or fail
                     run_command(page, "notebook:run-cell", len(CELLS) - 1)
+                    job_mode = output_text(page, "JOB-MODE", 30_000)
                     output_text(page, "SESSION-STOPPED", 30_000)
+                except Exception as exc:  # noqa: BLE001 - raised below unless a failure is already on its way
+                    stop_error = exc
                 finally:
                     browser.close()
     finally:
@@ -226,6 +236,9 @@ def test_panel_in_jupyterlab():
         shutil.rmtree(root, ignore_errors=True)
     print("timings (s since start):", {k: round(v, 1) for k, v in timings.items()},
           f"total {time.monotonic() - t0:.1f}")
+    if stop_error is not None:
+        raise stop_error
+    assert "JOB-MODE task" in job_mode, job_mode
     assert pool_pids, "the notebook never printed its pool's processes"
     assert_gone(pool_pids, [])
     assert shot.exists()

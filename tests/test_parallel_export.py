@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -42,10 +43,19 @@ def test_exported_script_reproduces_first_step_loss(tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([str(torchrun), "--nproc_per_node", "4", "--master_port", "0", str(script)],
-                          capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    losses = [float(m) for m in re.findall(r"step \d+ loss ([0-9.]+)", proc.stdout)]
-    assert len(losses) == 2, proc.stdout
+    # --standalone: torchrun picks a free port itself. start_new_session + killpg on timeout:
+    # killing torchrun alone would orphan its workers.
+    proc = subprocess.Popen([str(torchrun), "--standalone", "--nproc_per_node", "4", str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun timed out:\n{stderr[-4000:]}")
+    assert proc.returncode == 0, stderr[-4000:]
+    losses = [float(m) for m in re.findall(r"step \d+ loss ([0-9.]+)", stdout)]
+    assert len(losses) == 2, stdout
     expected = run_ranks(W.parity_group, 4, [("x", "tiny-llama", PLAN.to_dict())], 1)[0]["x"]["losses"][0]
     assert abs(losses[0] - expected) <= EXPORT_TOL, (losses, expected)

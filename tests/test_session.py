@@ -186,3 +186,24 @@ def test_run_and_px_all_reduce(session4):
     session4.view.execute("t = torch.ones(2) * (rank + 1); dist.all_reduce(t); v = t.tolist()", block=True)
     assert session4.view.pull("v", block=True) == [[10.0, 10.0]] * 4
     assert session4.view.pull("rank", block=True) == [0, 1, 2, 3]
+
+
+def test_killed_rank_is_named_and_replaced():
+    with Session(ranks=2, collective_timeout=5) as s:
+        s.load_model("tiny-llama")
+        s.apply(Plan(dp=2, batch_size=4, seq_len=16))
+        s.train(steps=2)
+        before = s.run(api.full_state_dict)[0]["lm_head.weight"]
+        victim = s.ranks_info[1]["pid"]
+        with pytest.raises(RankError) as exc:
+            s.run(os.kill, victim, signal.SIGKILL)
+        assert exc.value.rank == 1
+        deadline = time.monotonic() + 15
+        while not s.dead_ranks() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert s.dead_ranks() == [1]
+        with pytest.warns(UserWarning, match=r"rank\(s\) \[1\] died"):
+            weights = s.run(api.full_state_dict)
+        assert all(torch.equal(w["lm_head.weight"], before) for w in weights)  # carried over, on both
+        assert victim not in [r["pid"] for r in s.ranks_info]
+        assert len(s.train(steps=1)) == 2

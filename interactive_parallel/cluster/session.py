@@ -177,19 +177,47 @@ class Session:
             stuck = self._caller.drain(self.collective_timeout + 10)
             if stuck:
                 raise SessionError(f"rank(s) {stuck} are still busy with an earlier call")
-        if self._dirty:
+        dead = self.dead_ranks()
+        if dead:
+            if not self._pool.owned:
+                raise SessionError(f"rank(s) {dead} died; restart their engines in the cluster, then "
+                                   "call restart_ranks()")
+            warnings.warn(f"rank(s) {dead} died; starting replacements")
+            self._recover(replace=len(dead))
+        elif self._dirty:
             self._recover()
         return self._caller
 
-    def _recover(self) -> None:
-        """After a failure that may have left collectives half-done, start a fresh process group."""
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose engine is gone (killed, out of memory, crashed)."""
+        alive = set(self._pool.client.ids) if self._pool is not None and self._pool.client else set()
+        return [r for r, eid in enumerate(self._caller.engine_ids) if eid not in alive] if self._caller else []
+
+    def restart_ranks(self) -> None:
+        """Replace dead ranks (local pool) or pick up the engines now in the cluster (attached),
+        form a new process group and lay the model out again, weights carried where a rank
+        held them whole."""
+        self._recover(replace=len(self.dead_ranks()) if self._pool.owned else 0)
+
+    def _recover(self, replace: int = 0) -> None:
+        """After a failure that may have left collectives half-done, or a dead rank: a fresh
+        process group (and replacement engines), then the model laid out again."""
         self._dirty = False
-        kept = self._caller.wait(self._caller.submit(api.snapshot_local), self.timeout, "recover")
-        self._init_process_group()
+        dead = set(self.dead_ranks())
+        survivors = [r for r in range(self.world_size) if r not in dead]
+        kept = self._caller.wait(self._caller.submit(api.snapshot_local, ranks=survivors), self.timeout, "recover")
+        if replace or dead:
+            self._caller.pending = []
+            if replace:
+                self._pool.add_engines(replace, timeout=self.timeout)
+            self._connect(expected=None)
+        else:
+            self._init_process_group()
         if self.spec is not None and self.plan is not None:
-            if not all(kept):
-                warnings.warn("the failed call left sharded weights behind; the model restarts from its seed")
-                self._wait(self._caller.submit(api.load_model, (self.spec.__dict__,)), "load_model")
+            shared = all(self._wait(self._caller.submit(api.share_carry, (0,)), "recover")) and all(kept)
+            if not shared:
+                warnings.warn("the failure left no whole copy of the weights; the model restarts from its seed")
+            self._wait(self._caller.submit(api.load_model, (self.spec.__dict__,)), "load_model")
             self._wait(self._caller.submit(api.apply_plan, (self.plan.to_dict(),)), "apply")
 
     def _wait(self, submitted, what: str, timeout: float | None = None) -> list:

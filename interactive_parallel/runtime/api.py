@@ -207,3 +207,17 @@ def _require_plan():
     if st.parallel is None:
         raise RuntimeError(f"rank {st.rank}: no plan applied: call apply_plan first")
     return st
+
+
+def share_carry(src: int = 0) -> bool:
+    """Give every rank the weights `src` kept with snapshot_local (a replaced rank has none)."""
+    import torch.distributed as dist
+
+    st = _state.get()
+    box = [st.extra.get("carry") if st.rank == src else None]
+    dist.broadcast_object_list(box, src=src)
+    if box[0] is None:
+        st.extra.pop("carry", None)
+        return False
+    st.extra["carry"] = box[0]
+    return True

@@ -128,7 +128,7 @@ class RunSection:
         else:
             n = len({r.step for r in result or ()})
             self.progress.bar_style = "success"
-            self.train_status.value = f"done: {n} steps" + (f", {self.train_status.value}" if n else "")
+            self.train_status.value = f"done: {n} steps" + (f"; last {self.train_status.value}" if n else "")
         self.panel.end()
         self.panel.notify("trained")
 

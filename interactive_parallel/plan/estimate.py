@@ -1,0 +1,199 @@
+"""Analytic estimates: bytes per rank (parameters, gradients, optimizer, activations) and
+bytes per collective per step, for a ModelSpec under a Plan, before any rank exists.
+
+Owns the parameter inventory of each family (names, shapes, TP style) and the arithmetic
+that mirrors what the runtime does with it: TP shards the linears of the family's tp_plan
+(colwise: Linear weight/bias Shard(0), GPT-2 Conv1D weight Shard(1); rowwise: Linear
+weight Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms,
+embeddings and the LM head; PP gives each rank its stages (loop order) plus embeddings
+(first stage) and norm/head (last stage; a tied head is the embedding, held by both);
+FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every shard
+to the largest one (parameter and gradient storage are padded, AdamW moments are not).
+Optimizer: AdamW keeps 2 fp32 moments per element plus one 4-byte `step` per tensor.
+Parameters are fp32 under every precision (bf16 is autocast).
+
+Pure Python: knows no torch. It does not know what the runtime actually allocates beyond
+these rules: the measured records (runtime/probes) are the truth, and tests hold these
+numbers to them (exactly for params/grads/optimizer on fp32 CPU runs).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..records import MemoryRecord
+from .axes import MeshAxis, mesh_coords
+from .models import ModelSpec
+from .plan import Plan
+
+FP32 = 4
+ACT_FACTOR = 2.0
+"""Tests hold measured activations within this factor of `predict_activations`."""
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str
+    shape: tuple[int, ...]
+    tp_dim: int | None
+    """Tensor dim split across tp (None: replicated under tp)."""
+    owner: str
+    """'embed', 'head' or 'layer' (with `layer` set): decides the pipeline stage."""
+    layer: int | None = None
+
+
+def _tp_dim(family: str, style: str | None, leaf: str) -> int | None:
+    if style is None:
+        return None
+    conv1d = family == "gpt2"
+    if style.startswith("colwise"):
+        return (1 if conv1d else 0) if leaf == "weight" else 0
+    return (0 if conv1d else 1) if leaf == "weight" else None  # rowwise bias is replicated
+
+
+def _layer_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
+    h, i = spec.hidden_size, spec.intermediate_size
+    cfg = spec.config
+    if spec.family == "gpt2":
+        return [("ln_1.weight", (h,)), ("ln_1.bias", (h,)),
+                ("attn.c_attn.weight", (h, 3 * h)), ("attn.c_attn.bias", (3 * h,)),
+                ("attn.c_proj.weight", (h, h)), ("attn.c_proj.bias", (h,)),
+                ("ln_2.weight", (h,)), ("ln_2.bias", (h,)),
+                ("mlp.c_fc.weight", (h, i)), ("mlp.c_fc.bias", (i,)),
+                ("mlp.c_proj.weight", (i, h)), ("mlp.c_proj.bias", (h,))]
+    hd = int(cfg.get("head_dim") or h // spec.num_heads)
+    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
+    out = []
+    for name, rows, cols in (("q_proj", q, h), ("k_proj", kv, h), ("v_proj", kv, h), ("o_proj", h, q)):
+        out.append((f"self_attn.{name}.weight", (rows, cols)))
+        if cfg.get("attention_bias"):
+            out.append((f"self_attn.{name}.bias", (rows,)))
+    for name, rows, cols in (("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)):
+        out.append((f"mlp.{name}.weight", (rows, cols)))
+        if cfg.get("mlp_bias"):
+            out.append((f"mlp.{name}.bias", (rows,)))
+    return out + [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+
+
+def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
+    """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
+    fam, h, v = spec.family_info, spec.hidden_size, spec.vocab_size
+    styles = {pattern.split("*.", 1)[1]: style for pattern, style in fam.tp_plan.items()}
+    out: list[ParamInfo] = []
+    if spec.family == "gpt2":
+        out += [ParamInfo("transformer.wte.weight", (v, h), None, "embed"),
+                ParamInfo("transformer.wpe.weight", (spec.max_positions, h), None, "embed")]
+    else:
+        out.append(ParamInfo("model.embed_tokens.weight", (v, h), None, "embed"))
+    for layer in range(spec.num_layers):
+        for rel, shape in _layer_params(spec):
+            module, leaf = rel.rsplit(".", 1)
+            dim = _tp_dim(spec.family, styles.get(module), leaf)
+            out.append(ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, dim, "layer", layer))
+    norm = fam.head_paths[0]
+    out.append(ParamInfo(f"{norm}.weight", (h,), None, "head"))
+    if spec.family == "gpt2":
+        out.append(ParamInfo(f"{norm}.bias", (h,), None, "head"))
+    if not spec.tied_embeddings:
+        out.append(ParamInfo("lm_head.weight", (v, h), None, "head"))
+    return out
+
+
+def chunk(n: int, parts: int, index: int) -> int:
+    """Length of piece `index` when torch.chunk cuts n into `parts` (ceil-sized, tail may be empty)."""
+    size = -(-n // parts)
+    return max(0, min(size, n - index * size))
+
+
+def _n_stages(plan: Plan) -> int:
+    return plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
+
+
+def stages_of(plan: Plan, pp_rank: int) -> list[int]:
+    per_rank = plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1
+    return [pp_rank + k * plan.pp for k in range(per_rank)]
+
+
+def owned(spec: ModelSpec, plan: Plan, p: ParamInfo, pp_rank: int) -> bool:
+    if plan.pp == 1:
+        return True
+    total = _n_stages(plan)
+    mine = stages_of(plan, pp_rank)
+    if p.owner == "layer":
+        return p.layer // (spec.num_layers // total) in mine
+    if p.owner == "head":
+        return total - 1 in mine
+    tied_head = spec.tied_embeddings and p.name.endswith(("wte.weight", "embed_tokens.weight"))
+    return 0 in mine or (tied_head and total - 1 in mine)
+
+
+def _shard_group(plan: Plan, coords: dict[MeshAxis, int]) -> tuple[int, int]:
+    """(size, index) of this rank's FSDP shard group; cp folds into it under FSDP (runtime rule)."""
+    if plan.fsdp == 1:
+        return 1, 0
+    return plan.fsdp * plan.cp, coords[MeshAxis.FSDP] * plan.cp + coords[MeshAxis.CP]
+
+
+def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInfo, int, int]]:
+    """(param, elements held, elements of its storage) for each tensor rank `rank` trains.
+
+    Storage differs from elements only under FSDP, which pads every shard to the largest.
+    """
+    coords = mesh_coords(rank, plan.mesh_shape)
+    f_size, f_index = _shard_group(plan, coords)
+    out = []
+    for p in param_inventory(spec):
+        if not owned(spec, plan, p, coords[MeshAxis.PP]):
+            continue
+        shape = list(p.shape)
+        if p.tp_dim is not None and plan.tp > 1:
+            shape[p.tp_dim] = chunk(shape[p.tp_dim], plan.tp, coords[MeshAxis.TP])
+        rest = math.prod(shape[1:])
+        if f_size > 1:
+            held = chunk(shape[0], f_size, f_index) * rest
+            storage = -(-shape[0] // f_size) * rest
+        else:
+            held = storage = math.prod(shape)
+        out.append((p, held, storage))
+    return out
+
+
+def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Peak bytes of tensors saved for backward on `rank` (an estimate, see ACT_FACTOR).
+
+    Per decoder layer and token, fp32: 16 hidden-wide tensors (norm inputs/outputs, q/k/v
+    before and after rotary, attention output, residuals) of which the attention and MLP
+    parts split under tp, plus 4 intermediate-wide ones (gate, its activation, up, the
+    product) split under tp; the head saves its input, and the logits twice (they and the
+    log-softmax). Tokens in flight: this rank's micro-batch, its cp share of the sequence,
+    and under PP the microbatches a stage holds at once (GPipe: all; 1F1B: pp - stage).
+    """
+    coords = mesh_coords(rank, plan.mesh_shape)
+    rows = plan.batch_size // plan.data_parallel // plan.grad_accum
+    tokens = rows * plan.seq_len // plan.cp
+    h, i, tp = spec.hidden_size, spec.intermediate_size, plan.tp
+    per_layer = 6 * h + 10 * h / tp + 4 * i / tp
+    layers = spec.num_layers
+    head = 0.0
+    if plan.pp == 1:
+        head = h + 2 * spec.vocab_size
+    else:
+        total, mine = _n_stages(plan), stages_of(plan, coords[MeshAxis.PP])
+        layers = spec.num_layers // total * len(mine)
+        head = h + 2 * spec.vocab_size if total - 1 in mine else 0.0
+        m = plan.n_microbatches
+        in_flight = m if plan.pp_schedule == "gpipe" else min(m, plan.pp - coords[MeshAxis.PP])
+        tokens = tokens // m * in_flight
+    return int(tokens * (layers * per_layer + head) * FP32)
+
+
+def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
+    """One MemoryRecord per rank (step -1: a prediction) of params / grads / optimizer / activations."""
+    out = []
+    for rank in range(plan.world_size):
+        tensors = local_tensors(spec, plan, rank)
+        storage = sum(s for _, _, s in tensors) * FP32
+        opt = sum(2 * held * FP32 + FP32 for _, held, _ in tensors)
+        out.append(MemoryRecord(rank=rank, step=-1, params=storage, grads=storage, optimizer=opt,
+                                activations=predict_activations(spec, plan, rank), device=plan.device))
+    return out

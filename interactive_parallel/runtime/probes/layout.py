@@ -1,0 +1,59 @@
+"""Layout of the parameters on this rank: one ShardRecord per parameter it holds.
+
+Owns turning placements into index ranges. A DTensor parameter's ranges come from its
+placements on its DeviceMesh (any number of mesh dims, any tensor rank) via torch's
+`compute_local_shape_and_global_offset` (which also knows FSDP's strided shards over a
+TP-sharded dim); `local_shape` is what the rank really holds (FSDP's padding excluded).
+A plain tensor is the whole tensor, replicated (no placements). Under PP only the
+parameters of this rank's stages are listed, each with its stage index.
+
+Names are the transformers model's parameter names. Does not know GPT-2's fused q|k|v
+permutation under TP: ranges refer to the permuted (sharded) column order the runtime
+trains in (`Parallelized.perms` maps it back).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ...plan import MESH_ORDER
+from ...records import ShardRecord
+
+
+def _stage_of(par) -> dict[str, int]:
+    """Parameter-name prefix -> global stage index, for the stages this rank holds."""
+    out: dict[str, int] = {}
+    total = par.plan.pp * (par.plan.virtual_stages if par.plan.pp_schedule == "interleaved-1f1b" else 1)
+    for s in par.stages:
+        per = len(s.layer_ids)
+        index = s.layer_ids[0] // per if per else (0 if s.first else total - 1)
+        for prefix in s.owned_prefixes:
+            out[prefix] = index
+    return out
+
+
+def shard_records(par, rank: int) -> list[ShardRecord]:
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    plan = par.plan
+    coords = {a.value: int(par.coords.get(a, 0)) for a in MESH_ORDER if getattr(plan, a.value) > 1}
+    stages = _stage_of(par)
+    owned = set(par.owned_keys())
+    out = []
+    for name, p in par.raw.named_parameters():
+        if name not in owned:
+            continue
+        stage = next((i for prefix, i in stages.items() if name.startswith(prefix)), None)
+        shape = list(p.shape)
+        common: dict[str, Any] = dict(param=name, rank=rank, global_shape=shape, coords=coords, stage=stage)
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            _, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
+            held = list(p._local_tensor.shape)  # FSDP's padding is not held data
+            index = [[int(o), int(o) + int(n)] for o, n in zip(offset, held)]
+            out.append(ShardRecord(local_shape=held, placements=[str(x) for x in p.placements],
+                                   mesh_axes=list(mesh.mesh_dim_names or ()), index=index, **common))
+        else:
+            out.append(ShardRecord(local_shape=shape, placements=[], mesh_axes=[],
+                                   index=[[0, n] for n in shape], **common))
+    return out
