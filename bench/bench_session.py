@@ -27,9 +27,9 @@ def median_ms(fn, n=30) -> float:
     return statistics.median(times) * 1e3
 
 
-def session_numbers(ranks: int, steps: int, warm: bool) -> dict:
+def session_numbers(ranks: int, steps: int, launch: str) -> dict:
     t0 = time.perf_counter()
-    pool = LocalPool(ranks, warm_imports=warm)
+    pool = LocalPool(ranks, launch=launch)
     s = Session(ranks=ranks, _pool=pool)
     ready = time.perf_counter() - t0
     s.load_model("tiny-llama")
@@ -65,23 +65,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--launch", nargs="+", default=["fork", "warm", "plain"])
     args = ap.parse_args()
-    warm = session_numbers(args.ranks, args.steps, warm=True)
-    cold = session_numbers(args.ranks, args.steps, warm=False)
-    tr = torchrun_numbers(args.ranks, args.steps)
+    cols = {mode: session_numbers(args.ranks, args.steps, mode) for mode in args.launch}
+    cols["torchrun"] = torchrun_numbers(args.ranks, args.steps)
     rows = [
-        ("ranks ready (pool + process group), s", warm["ready"], cold["ready"], tr["ready"]),
-        ("ranks ready + model laid out, s", warm["model"], cold["model"], tr["model"]),
-        ("no-op call to all ranks, median ms", warm["noop_ms"], cold["noop_ms"], None),
-        ("same, bare ipyparallel apply_sync, ms", warm["ipp_noop_ms"], cold["ipp_noop_ms"], None),
-        ("train step dp, median ms (client view)", warm["step_ms"], cold["step_ms"], tr["step_ms"]),
+        ("ranks ready (pool + process group), s", "ready"),
+        ("ranks ready + model laid out, s", "model"),
+        ("no-op call to all ranks, median ms", "noop_ms"),
+        ("same, bare ipyparallel apply_sync, ms", "ipp_noop_ms"),
+        ("train step dp, median ms (client view)", "step_ms"),
     ]
-    print(f"tiny-llama, dp={args.ranks}, batch 8x64, {os.cpu_count()} cores")
-    print(f"{'':44s} {'session':>10s} {'no warm-up':>10s} {'torchrun':>10s}")
-    for name, a, b, c in rows:
-        fmt = lambda v: f"{v:10.2f}" if v is not None else f"{'-':>10s}"  # noqa: E731
-        print(f"{name:44s} {fmt(a)} {fmt(b)} {fmt(c)}")
-    print(f"step ratio session/torchrun: {warm['step_ms'] / tr['step_ms']:.2f}")
+    print(f"tiny-llama, dp={args.ranks}, batch 8x64, {os.cpu_count()} cores; session columns = launch mode")
+    print(f"{'':40s}" + "".join(f"{name:>10s}" for name in cols))
+    for label, key in rows:
+        cells = "".join(f"{c[key]:10.2f}" if key in c else f"{'-':>10s}" for c in cols.values())
+        print(f"{label:40s}{cells}")
+    first = cols[args.launch[0]]
+    print(f"step ratio session({args.launch[0]})/torchrun: {first['step_ms'] / cols['torchrun']['step_ms']:.2f}")
 
 
 if __name__ == "__main__":

@@ -50,6 +50,8 @@ def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
     """Greedy and sampled completions under each plan, from every rank (they must agree)."""
     import dataclasses
 
+    import torch
+
     from interactive_parallel.runtime import api, state
 
     api.load_model(dataclasses.asdict(PRESETS["tiny-llama"]))
@@ -58,10 +60,15 @@ def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
         api.apply_plan(Plan(**fields).to_dict())
         greedy = api.generate(PROMPTS, max_new_tokens, {})
         sampled = api.generate(PROMPTS, max_new_tokens, {"do_sample": True, "top_k": 20, "seed": 3})
-        raw = state.get().parallel.raw
+        par = state.get().parallel
+        groups = [par.mesh[n].get_group() for n in par.mesh.mesh_dim_names]
+        timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups]
+        raw = par.raw
         sp_norm = type(raw.get_submodule("model.layers.0.input_layernorm").weight).__name__
-        out[Plan(**fields).describe() + ("-sp" if fields.get("sequence_parallel") else "")] = {
-            "greedy": greedy, "sampled": sampled, "norm_type": sp_norm}
+        label = Plan(**fields).describe() + ("-sp" if fields.get("sequence_parallel") else "")
+        label += "-interleaved" if fields.get("pp_schedule") == "interleaved-1f1b" else ""
+        out[label] = {
+            "greedy": greedy, "sampled": sampled, "norm_type": sp_norm, "timeouts": timeouts}
     return out
 
 
@@ -83,7 +90,7 @@ def replan_group(rank: int, preset: str, save_plan: dict, replan: dict, load_pla
     """Hot re-plan and checkpoint round trip through runtime.api; rank 0 returns the logits seen."""
     import dataclasses
 
-    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime import api, state
     from interactive_parallel.runtime.data import global_batch
 
     ids = global_batch(7, 0, 2, 16)[:, :-1]
@@ -101,6 +108,52 @@ def replan_group(rank: int, preset: str, save_plan: dict, replan: dict, load_pla
     info = api.load_checkpoint(path)
     loaded = _logits(ids)
     verified_after = api.verify()
+    # New batch and sequence sizes under a pipeline: the schedule must be rebuilt, not reused.
+    api.update_training(state.get().plan.replace(seq_len=32, batch_size=4).to_dict())
+    api.train_step()
+    resized = api.verify()
     result = {"before": before, "replanned": replanned, "changed": changed, "loaded": loaded, "info": info,
-              "verify": verified, "verify_after": verified_after}
+              "verify": verified, "verify_after": verified_after, "verify_resized": resized}
     return result if rank == 0 else {"verify": verified}
+
+
+def replan_groups(rank: int, scenarios: list[tuple], bf16_plan: dict) -> dict:
+    """replan_group for each (preset, save, replan, load, path), then verify() under bf16 autocast."""
+    from interactive_parallel.runtime import api
+
+    out = {s[0]: replan_group(rank, *s) for s in scenarios}
+    api.apply_plan(Plan(**bf16_plan, precision="bf16").to_dict())
+    api.train_step()
+    out["bf16"] = api.verify()
+    return out
+
+
+def cp_attention_grads(rank: int, shape: tuple, cp: int) -> dict:
+    """Output and dQ/dK/dV of cp_attention on this rank's load-balanced share of a causal sequence."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from interactive_parallel.runtime.parallel.cp import cp_attention, shard_sequence
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape) for _ in range(3))
+    w = torch.randn(shape[0], shape[2], shape[1], shape[3])  # weights of the output, (B, S, H, D)
+    module = nn.Module()
+    module._ip_cp_group, module.num_key_value_groups = dist.group.WORLD, 1
+    local = [shard_sequence(t, cp, rank, dim=2).requires_grad_() for t in (q, k, v)]
+    out, _ = cp_attention(module, *local, None, scaling=shape[-1] ** -0.5)
+    (out * shard_sequence(w, cp, rank, dim=1)).sum().backward()
+    return {"out": out.detach(), "dq": local[0].grad, "dk": local[1].grad, "dv": local[2].grad}
+
+
+def cp_attention_reference(shape: tuple) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
+    w = torch.randn(shape[0], shape[2], shape[1], shape[3])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape[-1] ** -0.5).transpose(1, 2)
+    (out * w).sum().backward()
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}

@@ -217,6 +217,10 @@ def test_panel_in_jupyterlab():
                 sync_api.expect(traces).to_have_count(5, timeout=10_000)
                 panel.screenshot(path=str(shot))
             except BaseException:
+                try:  # what the panel said is usually the cause
+                    print("panel error area:", panel.locator(".ip-error-output").first.text_content(timeout=2_000))
+                except Exception:  # noqa: BLE001
+                    pass
                 try:
                     (panel if panel.count() else page).screenshot(path=str(shot))
                 except Exception:  # noqa: BLE001 - keep the original failure

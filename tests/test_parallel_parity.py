@@ -44,7 +44,10 @@ CONFIGS_4 = [
     ("llama-pp2xdp2", LLAMA, dict(pp=2, dp=2)),
     ("llama-cp2xtp2", LLAMA, dict(cp=2, tp=2)),
     ("llama-cp2xdp2", LLAMA, dict(cp=2, dp=2)),
+    ("llama-dp2xtp2-sp", LLAMA, dict(dp=2, tp=2, sequence_parallel=True)),
     ("gpt2-dp2xtp2", GPT2, dict(dp=2, tp=2)),
+    ("gpt2-pp2xtp2-sp", GPT2, dict(pp=2, tp=2, sequence_parallel=True)),
+    ("gpt2-pp2xfsdp2", GPT2, dict(pp=2, fsdp=2)),
 ]
 ALL = {label: (preset, fields) for label, preset, fields in CONFIGS_2 + CONFIGS_4}
 

@@ -4,12 +4,12 @@ Generation: greedy completions under tp=2, pp=2 (and tp=2 with sequence parallel
 the single-process model's, and every rank returns the same completions (sampled too).
 Hot re-plan: logits before and after moving dp2xtp2 -> pp2xtp2 match (LOGIT_TOL).
 Checkpoint: saved under tp2xdp2, loaded under pp2xdp2 after the weights were changed,
-the logits are those at save time (LOGIT_TOL). api.verify() reports ok under both plans.
+the logits are those at save time (LOGIT_TOL). api.verify() reports ok under both plans,
+and under dp2xtp2 with bf16 autocast (runtime.verify.TOLERANCE['bf16']).
 """
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mp_harness import run_ranks
 import parity_workers as W
@@ -17,13 +17,15 @@ import parity_workers as W
 pytestmark = pytest.mark.multirank
 
 LOGIT_TOL = 1e-5
+COLLECTIVE_TIMEOUT_S = 45.0
 NEW_TOKENS = 6
-GEN_PLANS = [dict(tp=2), dict(pp=2), dict(tp=2, sequence_parallel=True)]
+GEN_PLANS = [dict(tp=2), dict(pp=2), dict(tp=2, sequence_parallel=True), dict(fsdp=2), dict(cp=2),
+             dict(pp=2, pp_schedule="interleaved-1f1b")]
 
 
 @pytest.fixture(scope="module")
 def generated():
-    return run_ranks(W.generate_group, 2, GEN_PLANS, NEW_TOKENS)
+    return run_ranks(W.generate_group, 2, GEN_PLANS, NEW_TOKENS, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
 def test_generation_matches_single_process(generated):
@@ -34,10 +36,34 @@ def test_generation_matches_single_process(generated):
             assert [got[i] for i in range(len(W.PROMPTS))] == ref, f"{label} rank {rank}: {got} vs {ref}"
 
 
+def test_data_parallel_generation_splits_prompts_and_matches(generated):
+    """Under fsdp the ranks share out the prompts (and stay in step for the all-gathers)."""
+    ref = W.reference_generate(NEW_TOKENS)
+    merged = {**generated[0]["fsdp2"]["greedy"], **generated[1]["fsdp2"]["greedy"]}
+    assert [merged[i] for i in range(len(W.PROMPTS))] == ref
+    assert len(generated[0]["fsdp2"]["greedy"]) == 2 and len(generated[1]["fsdp2"]["greedy"]) == 1
+
+
+def test_cp_and_interleaved_pp_generation_match(generated):
+    ref = W.reference_generate(NEW_TOKENS)
+    for label in ("cp2", "pp2-interleaved"):
+        for per_rank in generated:
+            got = per_rank[label]["greedy"]
+            assert [got[i] for i in range(len(W.PROMPTS))] == ref, label
+
+
 def test_every_rank_gets_the_same_completions(generated):
     for label in generated[0]:
+        if label == "fsdp2":
+            continue
         assert generated[0][label]["sampled"] == generated[1][label]["sampled"], label
         assert generated[0][label]["greedy"] == generated[1][label]["greedy"], label
+
+
+def test_mesh_sub_groups_inherit_the_collective_timeout(generated):
+    """DeviceMesh sub-groups otherwise get torch's 30-minute default (see notes)."""
+    for label, r in generated[0].items():
+        assert r["timeouts"] and all(t == COLLECTIVE_TIMEOUT_S for t in r["timeouts"]), (label, r["timeouts"])
 
 
 def test_sequence_parallel_shards_the_norms(generated):
@@ -45,14 +71,21 @@ def test_sequence_parallel_shards_the_norms(generated):
     assert generated[0]["tp2"]["norm_type"] == "Parameter"
 
 
-@pytest.fixture(scope="module", params=[("tiny-llama", dict(dp=2, tp=2), dict(pp=2, tp=2), dict(pp=2, dp=2)),
-                                        ("tiny-gpt2", dict(dp=2, tp=2), dict(pp=2, tp=2), dict(pp=2, dp=2))],
-                ids=["llama", "gpt2"])
-def replanned(request, tmp_path_factory):
-    """Save under the first plan, re-plan to the second, load under the third."""
-    preset, save_plan, replan, load_plan = request.param
-    path = str(tmp_path_factory.mktemp("ckpt") / "step1")
-    return run_ranks(W.replan_group, 4, preset, save_plan, replan, load_plan, path)
+SCENARIOS = [("tiny-llama", dict(dp=2, tp=2), dict(pp=2, tp=2), dict(pp=2, dp=2)),
+             ("tiny-gpt2", dict(dp=2, tp=2), dict(pp=2, tp=2), dict(pp=2, dp=2))]
+
+
+@pytest.fixture(scope="module")
+def replanned_all(tmp_path_factory):
+    """One 4-rank group: per preset, save under the first plan, re-plan to the second, load under the third."""
+    base = tmp_path_factory.mktemp("ckpt")
+    scenarios = [(*s, str(base / s[0])) for s in SCENARIOS]
+    return run_ranks(W.replan_groups, 4, scenarios, dict(dp=2, tp=2))
+
+
+@pytest.fixture(params=[s[0] for s in SCENARIOS])
+def replanned(request, replanned_all):
+    return [per_rank[request.param] for per_rank in replanned_all]
 
 
 def _max(a, b):
@@ -78,4 +111,10 @@ def test_verify_reports_parity(replanned):
         assert set(v) >= {"ok", "tolerance", "loss_ref", "loss_par", "dloss", "params"}
         assert all(set(p) == {"name", "max_abs_diff", "shape"} for p in v["params"])
     assert replanned[0]["verify_after"]["ok"]
+    assert replanned[0]["verify_resized"]["ok"], "after update_training changed batch and seq_len under pp"
     assert replanned[0]["verify"]["loss_ref"] == pytest.approx(replanned[1]["verify"]["loss_ref"])
+
+
+def test_verify_under_bf16_autocast(replanned_all):
+    v = replanned_all[0]["bf16"]
+    assert v["ok"] and v["tolerance"] == {"loss": 1e-2, "grad": 1e-2}, {k: v[k] for k in ("dloss", "max_grad_diff")}

@@ -207,3 +207,24 @@ def test_killed_rank_is_named_and_replaced():
         assert all(torch.equal(w["lm_head.weight"], before) for w in weights)  # carried over, on both
         assert victim not in [r["pid"] for r in s.ranks_info]
         assert len(s.train(steps=1)) == 2
+
+
+def test_attach_to_a_cluster_started_elsewhere(tmp_path):
+    """As with `ipcluster start`: the cluster belongs to someone else and outlives the session."""
+    import ipyparallel as ipp
+
+    cluster = ipp.Cluster(n=2, profile_dir=str(tmp_path), cluster_id="workshop", log_level=40,
+                          controller_args=["--HeartMonitor.period=200"])
+    cluster.start_cluster_sync()
+    try:
+        with Session.attach(cluster_id="workshop", profile_dir=str(tmp_path), ranks=2) as s:
+            assert s.world_size == 2
+            assert all(r.all_reduce_ok for r in s.doctor())
+            s.load_model("tiny-llama")
+            assert len(s.train(steps=1, batch_size=4, seq_len=16)) == 2
+        client = cluster.connect_client_sync()
+        client.wait_for_engines(2, timeout=30)
+        assert len(client.ids) == 2  # still running after the session stopped
+        client.close()
+    finally:
+        cluster.stop_cluster_sync()

@@ -46,20 +46,22 @@ class Pool:
 class AttachedPool(Pool):
     """An ipyparallel cluster started elsewhere; we connect and disconnect, never stop it."""
 
-    def __init__(self, *, cluster_id: str = "", profile: str | None = None, url_file: str | None = None,
-                 ranks: int | None = None, timeout: float = 60.0):
+    def __init__(self, *, cluster_id: str = "", profile: str | None = None, profile_dir: str | None = None,
+                 url_file: str | None = None, ranks: int | None = None, timeout: float = 60.0):
         import ipyparallel as ipp
 
-        kwargs = {"cluster_id": cluster_id}
+        kwargs: dict = {"cluster_id": cluster_id}
         if url_file:
             kwargs = {"url_file": url_file}
+        elif profile_dir:
+            kwargs["profile_dir"] = profile_dir
         elif profile:
             kwargs["profile"] = profile
         self.client = ipp.Client(**kwargs, timeout=timeout)
         if ranks:
             self.client.wait_for_engines(ranks, timeout=timeout)
         self.description = f"attached to cluster {cluster_id or url_file or '(default)'}" + (
-            f" profile {profile}" if profile else "")
+            f" profile {profile or profile_dir}" if profile or profile_dir else "")
 
 
 class LocalPool(Pool):
@@ -72,29 +74,64 @@ class LocalPool(Pool):
 
     owned = True
 
-    def __init__(self, n: int, *, timeout: float = 60.0, log_level: int = logging.ERROR, warm_imports: bool = True):
+    def __init__(self, n: int, *, timeout: float = 60.0, log_level: int = logging.ERROR, launch: str | None = None):
+        """launch: 'fork' (engines forked from one process that imported torch: Linux, the
+        default there), 'warm' (ipyparallel's launcher, torch imported in a thread as each
+        engine starts) or 'plain' (ipyparallel's launcher as it is)."""
         import ipyparallel as ipp
 
         self.n = n
+        self.launch = launch or ("fork" if sys.platform.startswith("linux") else "warm")
+        if self.launch not in ("fork", "warm", "plain"):
+            raise ValueError(f"launch {self.launch!r} is not 'fork', 'warm' or 'plain'")
         self.profile_dir = tempfile.mkdtemp(prefix="ip-pool-")
         self._state_file = os.path.join(self.profile_dir, "leash.json")
         self._leash: subprocess.Popen | None = None
+        self._zygotes: list[subprocess.Popen] = []
         self.cluster = ipp.Cluster(
             n=n, profile_dir=self.profile_dir, controller_ip="127.0.0.1", log_level=log_level,
-            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}"], engine_timeout=int(timeout),
+            controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--usethreads"], engine_timeout=int(timeout),
             delay=0.1, shutdown_atexit=True)
-        if warm_imports:
+        if self.launch == "warm":
             self.cluster.config.LocalEngineSetLauncher.engine_cmd = [
                 sys.executable, "-m", "interactive_parallel.cluster.engine"]
         self.description = f"local pool of {n} engines (cluster {self.cluster.cluster_id})"
         self._start_leash()
         try:
-            self.client = self.cluster.start_and_connect_sync()
-            self.client.wait_for_engines(n, timeout=timeout)
+            if self.launch == "fork":
+                self.cluster.start_controller_sync()
+                self._fork_engines(n)
+                self.client = self.cluster.connect_client_sync()
+            else:
+                self.client = self.cluster.start_and_connect_sync()
+            self._wait_for(n, timeout)
         except BaseException:
             self.stop()
             raise
         self._write_state()
+
+    def _fork_engines(self, n: int) -> None:
+        import asyncio
+
+        info = asyncio.run(self.cluster.controller.get_connection_info(timeout=60))
+        log = open(os.path.join(self.profile_dir, f"zygote-{len(self._zygotes)}.log"), "ab")
+        env = dict(os.environ, IPP_CONNECTION_INFO=json.dumps(info["engine"]))
+        self._zygotes.append(subprocess.Popen(
+            [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), self.profile_dir],
+            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        log.close()
+
+    def _wait_for(self, total: int, timeout: float) -> None:
+        try:
+            self.client.wait_for_engines(total, timeout=timeout, interactive=False)
+        except TimeoutError as exc:
+            logs = sorted(f for f in os.listdir(self.profile_dir) if f.startswith("zygote"))
+            tail = ""
+            if logs:
+                with open(os.path.join(self.profile_dir, logs[-1]), errors="replace") as f:
+                    tail = f.read()[-2000:]
+            raise TimeoutError(f"{len(self.client.ids)} of {total} engines registered in {timeout:g} s"
+                               + (f"; engine log:\n{tail}" if tail else "")) from exc
 
     def pids(self) -> list[int]:
         """Pids of the controller and engines (each leads its own process group)."""
@@ -106,7 +143,7 @@ class LocalPool(Pool):
             pid = getattr(launcher, "pid", None)
             if pid:
                 out.append(int(pid))
-        return out
+        return out + [z.pid for z in self._zygotes]
 
     def process_tree(self) -> list[int]:
         """Every process of the pool: controller, schedulers, engines and their nannies
@@ -154,8 +191,11 @@ class LocalPool(Pool):
 
     def add_engines(self, n: int, timeout: float = 60.0) -> None:
         before = len(self.client.ids)
-        self.cluster.start_engines_sync(n=n)
-        self.client.wait_for_engines(before + n, timeout=timeout)
+        if self.launch == "fork":
+            self._fork_engines(n)
+        else:
+            self.cluster.start_engines_sync(n=n)
+        self._wait_for(before + n, timeout)
         self._write_state()
 
     def stop(self) -> None:
@@ -175,6 +215,12 @@ class LocalPool(Pool):
             except Exception:  # noqa: BLE001 - fall through to the signals below
                 pass
         _kill_groups(pids, tree)
+        for z in self._zygotes:
+            try:
+                z.wait(5)
+            except subprocess.TimeoutExpired:
+                z.kill()
+        self._zygotes = []
         if self._leash is not None:
             try:
                 os.remove(self._state_file)

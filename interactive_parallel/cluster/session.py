@@ -22,14 +22,16 @@ from ..records import RankInfo, RecordList, StepRecord
 from ..runtime import api
 from ._sync import run_sync
 from .calls import RankCaller
+from .model_ops import ModelOps, VerifyReport  # noqa: F401 - VerifyReport is part of the API
 from .errors import RankError, RankTimeout, SessionError
 from .pool import AttachedPool, LocalPool, Pool
+from .telemetry import TelemetryMixin
 
 _LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
 STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
 
 
-class Session:
+class Session(TelemetryMixin):
     """Ranks in an ipyparallel pool, each a torch.distributed process, driven from here.
 
     >>> with Session(ranks=4) as s:
@@ -66,14 +68,16 @@ class Session:
         _LIVE.add(self)
 
     @classmethod
-    def attach(cls, cluster_id: str = "", profile: str | None = None, *, url_file: str | None = None,
-               ranks: int | None = None, device: str = "cpu", **kwargs: Any) -> "Session":
+    def attach(cls, cluster_id: str = "", profile: str | None = None, *, profile_dir: str | None = None,
+               url_file: str | None = None, ranks: int | None = None, device: str = "cpu",
+               **kwargs: Any) -> "Session":
         """Use an ipyparallel cluster started elsewhere (e.g. `ipcluster start -n 8 --engines=Slurm`).
 
         Stopping the session releases the ranks' process group and disconnects; the cluster
         itself keeps running, as it belongs to whoever started it.
         """
-        pool = AttachedPool(cluster_id=cluster_id, profile=profile, url_file=url_file, ranks=ranks,
+        pool = AttachedPool(cluster_id=cluster_id, profile=profile, profile_dir=profile_dir, url_file=url_file,
+                            ranks=ranks,
                             timeout=kwargs.get("timeout", 120.0))
         return cls(ranks=ranks or len(pool.engine_ids), device=device, _pool=pool, **kwargs)
 
@@ -344,6 +348,7 @@ class Session:
                        if d.get("kind") == "step"]
             out.extend(records)
             self.history.extend(records)
+            self._keep_telemetry(per_rank)  # memory / comm / pipeline records: memory(), comms(), timeline()
             if on_step is not None:
                 on_step(records)
         return out
@@ -416,7 +421,7 @@ class Session:
         for view in ("memory", "comms", "layout", "timeline"):
             fn = getattr(self, view, None)
             if fn is not None and self.plan is not None:
-                out += list(fn())
+                out += [r for r in fn() if not any(r is o for o in out)]  # comms() and timeline() overlap
         return out
 
     def report(self, path: str = "report.html", *, title: str = "interactive_parallel report") -> str:

@@ -197,3 +197,67 @@ def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
         out.append(MemoryRecord(rank=rank, step=-1, params=storage, grads=storage, optimizer=opt,
                                 activations=predict_activations(spec, plan, rank), device=plan.device))
     return out
+
+
+def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
+    """(held bytes, storage bytes) per FSDP / replicate unit of `rank`: each decoder layer, then the rest."""
+    units: dict[object, list[int]] = {}
+    for p, held, storage in local_tensors(spec, plan, rank):
+        u = units.setdefault(p.layer if p.owner == "layer" else "root", [0, 0])
+        u[0] += held * FP32
+        u[1] += storage * FP32
+    return [tuple(v) for v in units.values()]  # type: ignore[misc]
+
+
+def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[dict]:
+    """Bytes per optimizer step on `rank`, one dict per (op, axis): {'op', 'axis', 'count', 'bytes'}.
+
+    Same convention as the comm ledger (runtime/probes/comms.py): an op's bytes are its full
+    buffer (all_gather output, reduce_scatter input). What the runtime does, per step:
+    DDP (pure dp) all-reduces all gradients once (in buckets: count is None); FSDP2 gathers
+    each unit (decoder layer, then the root) in forward and again in backward and
+    reduce-scatters its gradients, every micro-step (HSDP then all-reduces the shard over
+    dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
+    the activations after each rowwise linear (forward) and the input gradient of each
+    colwise linear (backward); PP sends activations forward and gradients backward per
+    microbatch; CP all-gathers K and V per layer and all-reduces their gradients. Sequence
+    parallel is not modelled (its traffic is counted as the plain TP all-reduces).
+    """
+    coords = mesh_coords(rank, plan.mesh_shape)
+    acc, out = plan.grad_accum, []
+    rows = plan.batch_size // plan.data_parallel // acc
+    act = rows * plan.seq_len // plan.cp * spec.hidden_size * FP32
+
+    def add(op: str, axis: str, count: int | None, nbytes: float) -> None:
+        if nbytes > 0:
+            out.append({"op": op, "axis": axis, "count": count, "bytes": int(nbytes)})
+
+    units = _unit_bytes(spec, plan, rank)
+    f_size, _ = _shard_group(plan, coords)
+    if f_size > 1:
+        axis = "fsdp_cp" if plan.cp > 1 else "fsdp"
+        add("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * sum(s for _, s in units))
+        add("reduce_scatter", axis, len(units) * acc, acc * f_size * sum(s for _, s in units))
+        if plan.dp > 1:
+            add("all_reduce", "dp", len(units) * acc, acc * sum(s for _, s in units))
+    elif plan.dp > 1 and plan.world_size == plan.dp:
+        add("all_reduce", "dp", None, sum(s for _, s in units))
+    elif plan.dp * plan.cp > 1:
+        axis = "_".join(a for a in ("dp", "cp") if getattr(plan, a) > 1)
+        times = 1 if plan.pp > 1 else acc
+        add("all_reduce", axis, len(units) * times, times * sum(s for _, s in units))
+    layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})
+    if plan.tp > 1:
+        styles = list(spec.family_info.tp_plan.values())
+        per_layer = sum(1 for s in styles if s == "rowwise") + sum(1 for s in styles if s.startswith("colwise"))
+        add("all_reduce", "tp", per_layer * layers * acc, per_layer * layers * acc * act)
+    if plan.pp > 1:
+        total, mine, m = _n_stages(plan), stages_of(plan, coords[MeshAxis.PP]), plan.n_microbatches
+        sends = sum(1 for s in mine if s < total - 1) + sum(1 for s in mine if s > 0)
+        add("send", "pp", sends * m * acc, sends * m * acc * act / m)
+        add("recv", "pp", sends * m * acc, sends * m * acc * act / m)
+    if plan.cp > 1:
+        kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
+        add("all_gather", "cp", 2 * layers * acc, 2 * layers * acc * kv)
+        add("all_reduce", "cp", (2 * layers + 1) * acc, 2 * layers * acc * kv)
+    return out

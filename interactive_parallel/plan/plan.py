@@ -181,8 +181,9 @@ def _batch_problems(plan: Plan) -> list[str]:
             f"microbatches({plan.n_microbatches})")
     if plan.cp > 1 and plan.seq_len % (2 * plan.cp):
         problems.append(f"seq_len({plan.seq_len}) is not divisible by 2 * cp({plan.cp}) = {2 * plan.cp}")
-    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % plan.tp:
-        problems.append(f"seq_len({plan.seq_len}) is not divisible by tp({plan.tp}) under sequence parallel")
+    if plan.sequence_parallel and plan.tp > 1 and plan.seq_len % (plan.tp * plan.cp):
+        what = f"tp({plan.tp}) * cp({plan.cp}) = {plan.tp * plan.cp}" if plan.cp > 1 else f"tp({plan.tp})"
+        problems.append(f"seq_len({plan.seq_len}) is not divisible by {what} under sequence parallel")
     return problems
 
 

@@ -142,7 +142,46 @@ def train_step() -> list[dict[str, Any]]:
         raise RuntimeError("no plan applied: call apply_plan first")
     rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
     st.step += 1
-    return [rec.to_dict()]
+    return [rec.to_dict(), *getattr(rec, "telemetry", [])]  # step, then memory / comm / pipeline dicts
+
+
+def layout() -> list[dict[str, Any]]:
+    """ShardRecord dicts: which index ranges of each parameter this rank holds."""
+    from .probes import shard_records
+
+    st = _state.get()
+    if st.parallel is None:
+        raise RuntimeError("no plan applied: call apply_plan first")
+    return [r.to_dict() for r in shard_records(st.parallel, st.rank)]
+
+
+def set_probes(flag: bool) -> bool:
+    """Switch the per-step probes (memory, comm ledger, compute intervals) on or off."""
+    from .probes import set_enabled
+
+    return set_enabled(flag)
+
+
+def set_debug(flag: bool) -> bool:
+    """Before a fresh process group: TORCH_DISTRIBUTED_DEBUG=DETAIL (or OFF) for the groups made
+    next, and the full weights kept aside (a collective) so the re-applied plan resumes them."""
+    import torch.distributed as tdist
+
+    st = _state.get()
+    if st.parallel is not None:
+        st.extra["debug_carry"] = st.parallel.full_state_dict()
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if flag else "OFF"
+    tdist.set_debug_level_from_env()
+    return flag
+
+
+def restore_debug_carry() -> bool:
+    """After the new process group: hand the weights set_debug kept to the next apply_plan."""
+    st = _state.get()
+    carry = st.extra.pop("debug_carry", None)
+    if carry is not None:
+        st.extra["carry"] = carry
+    return carry is not None
 
 
 def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> dict[int, str]:

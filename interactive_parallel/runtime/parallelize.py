@@ -46,6 +46,8 @@ class Parallelized:
     """Ranks holding the tied embedding and LM head in different pipeline stages."""
     cp_model: Any = None
     """Under CP: the whole-model StageModule that takes position ids."""
+    schedule_key: tuple = ()
+    """The plan knobs the schedule was built for (its stages fix their shapes at first use)."""
 
     @property
     def data_index(self) -> int:
@@ -92,6 +94,25 @@ class Parallelized:
             with whole_sequence():
                 return self.cp_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+
+    def _schedule_key(self) -> tuple:
+        p = self.plan
+        return (p.batch_size // (p.data_parallel * p.grad_accum), p.seq_len, p.n_microbatches, p.grad_accum)
+
+    def refresh_schedule(self) -> None:
+        """Rebuild the pipeline schedule if batch, sequence or microbatch knobs changed.
+
+        A PipelineStage keeps the buffer shapes of its first step; running it with other
+        shapes aborts the process on gloo (measured), so update_training must not reuse it.
+        """
+        if self.schedule is None or self._schedule_key() == self.schedule_key:
+            return
+        from .parallel.pp import build_schedule
+        from .train import pipeline_loss
+
+        self.schedule, _ = build_schedule(self.stages, self.plan, self.group(MeshAxis.PP), self.device,
+                                          pipeline_loss(self.plan))
+        self.schedule_key = self._schedule_key()
 
     def finish_grads(self) -> None:
         """After backward: sum the tied embedding/head gradient over the stages that hold it."""
@@ -142,18 +163,42 @@ class Parallelized:
         """Full gradients under the parameter names (a collective)."""
         owned = set(self.owned_keys())
         named = {n: p.grad for n, p in self.raw.named_parameters() if n in owned}
-        return self._gather(named)
+        grads = self._gather(named)
+        if self.spec.tied_embeddings:
+            # One parameter, one gradient: under the embedding's name, as named_parameters()
+            # of the plain model gives it (a pipeline or FSDP may have split the pair apart).
+            fam = self.spec.family_info
+            head = grads.pop(f"{fam.head_paths[-1]}.weight", None)
+            if head is not None:
+                grads.setdefault(f"{fam.embed_paths[0]}.weight", head)
+        return grads
+
+
+# Meshes and groups per world group: every hot re-plan would otherwise create fresh gloo
+# groups (sockets and threads per member) that nothing frees until the process group dies.
+_GROUPS: dict[tuple, Any] = {}
+
+
+def _cached(key: tuple, make):
+    if _GROUPS.get("world") is not dist.group.WORLD:  # a new process group: old groups are dead
+        _GROUPS.clear()
+        _GROUPS["world"] = dist.group.WORLD
+    if key not in _GROUPS:
+        _GROUPS[key] = make()
+    return _GROUPS[key]
 
 
 def build_mesh(plan: Plan, device_type: str):
-    """A DeviceMesh over the axes > 1, in MESH_ORDER; its sub-groups inherit dist.init's timeout."""
+    """A DeviceMesh over the axes > 1, in MESH_ORDER; its sub-groups inherit dist.init's timeout
+    (dist.init sets c10d.default_pg_timeout first; tests check the sub-groups get it)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized() or plan.world_size == 1:
         return None
     names = tuple(a.value for a in MESH_ORDER if getattr(plan, a.value) > 1)
     shape = tuple(getattr(plan, n) for n in names)
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return _cached(("mesh", device_type, names, shape),
+                   lambda: init_device_mesh(device_type, shape, mesh_dim_names=names))
 
 
 def _dp_meshes(plan: Plan, mesh):
@@ -192,7 +237,7 @@ def _wrap_data_parallel(plan: Plan, mesh, roots: list[nn.Module], layer_lists: l
             apply_replicate(root, repl_mesh, layers)
 
 
-def _tie_group(plan: Plan, spec: ModelSpec, raw: nn.Module, rank: int):
+def _tie_group(plan: Plan, spec: ModelSpec, rank: int):
     """Process group of the ranks holding the first and the last stage, for tied embeddings."""
     from .parallel.pp import n_stages
 
@@ -202,10 +247,10 @@ def _tie_group(plan: Plan, spec: ModelSpec, raw: nn.Module, rank: int):
     mine = None
     for ranks in axis_groups(plan.mesh_shape, MeshAxis.PP):
         pair = sorted({ranks[0], ranks[last_owner]})
-        g = dist.new_group(pair)  # every rank creates every group, in the same order
+        # every rank creates every group, in the same order
+        g = _cached(("tie", tuple(pair)), lambda: dist.new_group(pair))
         if rank in pair:
             mine = g
-    del raw
     return mine
 
 
@@ -248,7 +293,7 @@ def _layout(par: Parallelized, rank: int) -> None:
 
         apply_cp(raw, mesh["cp"], spec)
         par.cp_model = roots[0] = StageModule(raw, spec, layer_ids, True, True)
-    par.tie_group = _tie_group(plan, spec, raw, rank)
+    par.tie_group = _tie_group(plan, spec, rank)
     layers_of = [list(r.layers) if isinstance(r, StageModule) else
                  list(raw.get_submodule(spec.family_info.layers_path)) for r in roots]
     if plan.dp > 1 and plan.world_size == plan.dp:  # 4. pure dp: DDP
@@ -263,3 +308,4 @@ def _layout(par: Parallelized, rank: int) -> None:
         from .train import pipeline_loss
 
         par.schedule, _ = build_schedule(par.stages, plan, par.group(MeshAxis.PP), par.device, pipeline_loss(plan))
+        par.schedule_key = par._schedule_key()

@@ -96,6 +96,7 @@ def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
 def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> float:
     """Gradients of this rank's rows of the batch (accumulated over micro-steps); the loss it sees."""
     plan = par.plan
+    par.refresh_schedule()
     micro = batch.chunk(plan.grad_accum)
     total = 0.0
     for i, mb in enumerate(micro):
@@ -122,16 +123,22 @@ def local_batch(par: Parallelized, step: int) -> torch.Tensor:
 
 
 def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0) -> StepRecord:
+    from . import probes
+
     plan = par.plan
     t0 = time.perf_counter()
-    batch = local_batch(par, step)
-    total = forward_backward(par, batch, scaler)
-    if scaler:
-        scaler.step(optimizer)
-        scaler.update()
-    else:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
-                      tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
-                      plan=plan.describe(), lr=plan.lr)
+    par.refresh_schedule()  # before the probes instrument it
+    with probes.step(par, optimizer, step, rank) as probe:
+        batch = local_batch(par, step)
+        total = forward_backward(par, batch, scaler)
+        if scaler:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    rec = StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
+                     tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
+                     plan=plan.describe(), lr=plan.lr)
+    rec.telemetry = probe.records()  # memory / comm / pipeline record dicts; not a field
+    return rec

@@ -21,11 +21,11 @@ from .train import forward_backward, local_batch
 
 # Absolute differences allowed against the single-process reference. fp32: the sums run
 # in another order across ranks (measured ~1e-6 on loss, ~1e-8 on gradients); bf16 autocast
-# rounds activations to 8 mantissa bits, so differences of order 1e-2 are expected.
+# rounds activations to 8 mantissa bits (measured: loss ~5e-5, gradients ~1e-3).
 TOLERANCE: dict[str, dict[str, float]] = {
     "fp32": {"loss": 1e-5, "grad": 1e-5},
-    "bf16": {"loss": 5e-2, "grad": 5e-2},
-    "fp16": {"loss": 5e-2, "grad": 5e-2},
+    "bf16": {"loss": 1e-2, "grad": 1e-2},
+    "fp16": {"loss": 1e-2, "grad": 1e-2},
 }
 
 

@@ -33,7 +33,8 @@ def predict(spec: Any, plan: Plan) -> tuple[list[dict] | None, str]:
     except ImportError:
         return None, f"{PREDICTION_UNAVAILABLE}: this version has no plan.estimate.predict_memory"
     try:
-        return [dict(r) for r in predict_memory(spec, plan)], ""
+        # MemoryRecords (or their dicts): one row per rank
+        return [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in predict_memory(spec, plan)], ""
     except Exception as exc:  # noqa: BLE001 - a prediction must never break the panel
         return None, f"{PREDICTION_UNAVAILABLE}: {type(exc).__name__}: {exc}"
 

@@ -18,9 +18,10 @@ def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module
     """
     group = mesh[axis].get_group()
     device_ids = [device] if device is not None and getattr(device, "type", "cpu") == "cuda" else None
-    # broadcast_buffers off: the models here have no buffers that change in training
-    # (rotary tables are constant), so the per-forward broadcast would be pure cost.
-    return DistributedDataParallel(model, process_group=group, device_ids=device_ids, broadcast_buffers=False)
+    # No per-forward buffer sync: the models here have no buffers that change in training
+    # (rotary tables are constant). forward_sync_buffers replaces the deprecated
+    # broadcast_buffers on this torch; it still syncs once at init, which is harmless here.
+    return DistributedDataParallel(model, process_group=group, device_ids=device_ids, forward_sync_buffers=False)
 
 
 def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Module:
@@ -28,8 +29,9 @@ def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Modul
 
     DDP refuses DTensor parameters, and wrapping a pipeline stage in DDP fights the
     schedule's own backward; torch's FSDP2-based `replicate` composes with both (the
-    pipeline stage toggles its gradient sync per microbatch). Gradients are all-reduced
-    (SUM, then divided by the group size: gloo has no AVG) during backward.
+    pipeline stage toggles its gradient sync per microbatch). Gradients are averaged over
+    the group during backward (checked against one process in the parity tests: a missing
+    sync would show as replicas drifting apart, not as an error).
     """
     from torch.distributed._composable.replicate_with_fsdp import replicate
 

@@ -12,12 +12,15 @@ from torch import nn
 
 
 def mixed_precision(precision: str):
+    """fp32 parameters and fp32 gradient reduction under every precision.
+
+    bf16 runs under autocast (train.autocast), as it does without FSDP, so FSDP plans run
+    the same numerics as every other plan and verify() compares like with like.
+    `precision` is taken so a future param_dtype choice has one place to go.
+    """
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    # bf16 runs under autocast (train.autocast); FSDP keeps fp32 parameters and reduces
-    # gradients in fp32 so the sum over ranks loses nothing.
-    del precision
     return MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
 
 
@@ -25,8 +28,9 @@ def apply_fsdp(model: nn.Module, mesh, layers: list[nn.Module], *, precision: st
                reshard_after_forward: bool = True) -> nn.Module:
     """fully_shard each of `layers`, then `model` as the root unit, over `mesh`.
 
-    On gloo there is no ReduceOp.AVG: FSDP2 reduce-scatters a SUM and divides by the
-    data-parallel size itself (measured: gradients match the single-process mean).
+    FSDP2 averages gradients over the shard (and, under HSDP, replicate) ranks itself;
+    on gloo its reduce-scatter runs (reduce_scatter_tensor and ReduceOp.AVG both work on
+    this torch, measured) and gradients equal the single-process mean (parity tests).
     """
     from torch.distributed.fsdp import fully_shard
 

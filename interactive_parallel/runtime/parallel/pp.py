@@ -96,6 +96,8 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device,
     scale_grads=False: `loss_fn` already divides by the microbatch (and accumulation)
     count. The schedule's own scaling divides *every* gradient after each step, which
     would also shrink what earlier accumulation micro-steps left there.
+    On gloo the schedules' batched p2p (batch_isend_irecv) ran without hangs for GPipe,
+    1F1B and Interleaved1F1B at pp 2 and 4, with TP, DP and FSDP inside (measured here).
     """
     from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                               ScheduleInterleaved1F1B)

@@ -187,6 +187,9 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     def gather(_mod, _args, out):
         x = out[0] if isinstance(out, tuple) else out
         full = DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+        # A copy, not the view to_local gives: FSDP2/replicate wrap this layer's output with
+        # their pre-backward hook, which an in-place op on a view would silently drop.
+        full = full.clone()
         return (full, *out[1:]) if isinstance(out, tuple) else full
 
     for i in layer_ids:

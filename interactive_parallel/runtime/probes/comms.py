@@ -61,6 +61,7 @@ _LOCK = threading.Lock()
 _ACTIVE: list["Ledger"] = []
 _LIBS: list = []
 _ORIG_WAIT: list = []
+_NESTED = threading.local()
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -177,12 +178,13 @@ class Ledger:
 
 
 def _kernel(op, short: str, functional: bool):
-    kind = KINDS[short]
+    kind = KINDS.get(short, short)
     after = torch._C._after_autograd_keyset
 
     def kernel(keyset, *args, **kwargs):
         ledger = _ACTIVE[-1] if _ACTIVE else None
-        if ledger is None:
+        if ledger is None or getattr(_NESTED, "depth", 0):
+            # a functional collective runs its ProcessGroup call through c10d::*: count it once
             return op.redispatch(keyset & after, *args, **kwargs)
         if short == "wait_tensor":
             out = op.redispatch(keyset & after, *args, **kwargs)
@@ -198,7 +200,11 @@ def _kernel(op, short: str, functional: bool):
         else:
             pg = dist.ProcessGroup.unbox(bound["process_group"])
         rec = ledger.note(short, kind, bound, pg)
-        out = op.redispatch(keyset & after, *args, **kwargs)
+        _NESTED.depth = 1
+        try:
+            out = op.redispatch(keyset & after, *args, **kwargs)
+        finally:
+            _NESTED.depth = 0
         if functional:
             for t in _tensors(out):
                 ledger._functional[t.untyped_storage().data_ptr()] = rec
@@ -227,16 +233,21 @@ def install() -> None:
     with _LOCK:
         if _LIBS:
             return
-        for ns, functional in (("c10d", False), ("_c10d_functional", True)):
-            lib = torch.library.Library(ns, "IMPL")
-            packet = getattr(torch.ops, ns)
-            for short in list(KINDS) + (["wait_tensor"] if functional else []):
-                op = getattr(getattr(packet, short, None), "default", None)
-                if op is None:
-                    continue
-                for key in KEYS:
-                    lib.impl(short, _kernel(op, short, functional), key, with_keyset=True)
-            _LIBS.append(lib)
+        try:
+            for ns, functional in (("c10d", False), ("_c10d_functional", True)):
+                lib = torch.library.Library(ns, "IMPL")
+                _LIBS.append(lib)
+                packet = getattr(torch.ops, ns)
+                for short in list(KINDS) + (["wait_tensor"] if functional else []):
+                    op = getattr(getattr(packet, short, None), "default", None)
+                    if op is None:
+                        continue
+                    for key in KEYS:
+                        lib.impl(short, _kernel(op, short, functional), key, with_keyset=True)
+        except BaseException:
+            while _LIBS:  # half a ledger would be a wrong one: none at all
+                _LIBS.pop()._destroy()
+            raise
         _ORIG_WAIT.append(dist.Work.wait)
         dist.Work.wait = _patched_wait
 

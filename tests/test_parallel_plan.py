@@ -1,0 +1,54 @@
+"""Validation rules of the parallel layouts (pure: no torch.distributed)."""
+from __future__ import annotations
+
+from interactive_parallel.plan import PRESETS, Plan, validate
+
+LLAMA = PRESETS["tiny-llama"]
+
+
+def problems(world: int, **fields) -> list[str]:
+    return validate(Plan(**fields), world, LLAMA)
+
+
+def test_every_axis_is_supported_now():
+    for fields in (dict(dp=4), dict(fsdp=4), dict(tp=4), dict(pp=4), dict(cp=2, dp=2), dict(dp=2, pp=2, tp=2)):
+        world = Plan(**fields).world_size
+        assert problems(world, **fields) == [], fields
+
+
+def test_heads_not_divisible_by_tp():
+    got = problems(8, tp=8)
+    assert "tp(8) does not divide num_attention_heads(4)" in got
+    assert "tp(8) does not divide num_key_value_heads(4)" in got
+
+
+def test_interleaved_needs_layers_divisible_by_stages():
+    got = problems(4, pp=4, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    assert any("pp(4) * virtual_stages(2) = 8" in p and "num_hidden_layers(4)" in p for p in got), got
+
+
+def test_interleaved_needs_two_virtual_stages_and_microbatches_multiple_of_pp():
+    assert any("virtual_stages(1) >= 2" in p for p in problems(2, pp=2, pp_schedule="interleaved-1f1b",
+                                                                 virtual_stages=1))
+    got = problems(2, pp=2, pp_schedule="interleaved-1f1b", microbatches=3, batch_size=6)
+    assert any("microbatches(3)" in p and "pp(2)" in p for p in got), got
+
+
+def test_1f1b_needs_a_microbatch_per_stage():
+    assert any("microbatches(2) >= pp(4)" in p for p in problems(4, pp=4, microbatches=2))
+
+
+def test_microbatches_must_divide_the_per_rank_batch():
+    got = problems(4, pp=2, dp=2, microbatches=3)
+    assert any("per-rank micro-batch 4" in p and "microbatches(3)" in p for p in got), got
+
+
+def test_seq_len_by_twice_cp_and_by_tp_under_sequence_parallel():
+    assert any("2 * cp(2) = 4" in p for p in problems(2, cp=2, seq_len=30))
+    assert any("seq_len(30)" in p and "tp(4)" in p for p in problems(4, tp=4, seq_len=30, sequence_parallel=True))
+    assert problems(4, tp=2, cp=2, seq_len=36, sequence_parallel=True) == []
+    assert any("tp(2) * cp(2) = 4" in p for p in problems(4, tp=2, cp=2, seq_len=18, sequence_parallel=True))
+
+
+def test_cp_with_pp_is_refused():
+    assert any("cp(2) with pp(2)" in p for p in problems(4, cp=2, pp=2))
