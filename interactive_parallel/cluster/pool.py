@@ -22,6 +22,7 @@ import time
 # beat (3000 ms default). 200 ms took pool start from ~6.6 s to ~2.4 s on 2 cores
 # (shared/notes), and it also detects dead engines sooner.
 HEARTBEAT_MS = 200
+SHUTDOWN_GRACE_S = 3.0
 
 
 class Pool:
@@ -110,10 +111,22 @@ class LocalPool(Pool):
             raise
         self._write_state()
 
-    def _fork_engines(self, n: int) -> None:
-        import asyncio
+    def _engine_connection_info(self, timeout: float = 60.0) -> dict:
+        """The controller's engine connection file (plain polling: this may run inside an
+        event loop, where ipyparallel's coroutine for it cannot be driven)."""
+        path = self.cluster.controller.connection_files["engine"]
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with open(path) as f:
+                    return json.load(f)
+            except (OSError, ValueError):  # not there yet, or half written
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"controller wrote no {path} in {timeout:g} s") from None
+                time.sleep(0.05)
 
-        info = asyncio.run(self.cluster.controller.get_connection_info(timeout=60))
+    def _fork_engines(self, n: int) -> None:
+        info = {"engine": self._engine_connection_info()}
         log = open(os.path.join(self.profile_dir, f"zygote-{len(self._zygotes)}.log"), "ab")
         env = dict(os.environ, IPP_CONNECTION_INFO=json.dumps(info["engine"]))
         self._zygotes.append(subprocess.Popen(
@@ -144,6 +157,19 @@ class LocalPool(Pool):
             if pid:
                 out.append(int(pid))
         return out + [z.pid for z in self._zygotes]
+
+    def engine_pids(self) -> list[int]:
+        import psutil
+
+        out = []
+        for es in self.cluster.engines.values():
+            out += [int(l.pid) for l in getattr(es, "launchers", {}).values() if getattr(l, "pid", None)]
+        for z in self._zygotes:
+            try:
+                out += [c.pid for c in psutil.Process(z.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        return out
 
     def process_tree(self) -> list[int]:
         """Every process of the pool: controller, schedulers, engines and their nannies
@@ -203,10 +229,12 @@ class LocalPool(Pool):
         tree = self.process_tree() if pids else []
         if self.client is not None:
             try:
-                # Ask the engines to exit cleanly first: a signalled engine exits non-zero
-                # and ipyparallel then dumps its whole log into the notebook.
-                self.client.shutdown(targets="all", block=True)
-            except Exception:  # noqa: BLE001 - signals below finish the job
+                # Ask the engines to exit cleanly first (a signalled engine exits non-zero and
+                # ipyparallel dumps its log into the notebook), but never wait on an engine
+                # that is dead or stuck in a collective: the signals below finish the job.
+                self.client.shutdown(targets="all", block=False)
+                _wait_gone(self.engine_pids(), SHUTDOWN_GRACE_S)
+            except Exception:  # noqa: BLE001
                 pass
         super().stop()
         if getattr(self, "cluster", None) is not None:
@@ -233,6 +261,18 @@ class LocalPool(Pool):
                 self._leash.kill()
             self._leash = None
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+
+
+def _wait_gone(pids: list[int], timeout: float) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=timeout)
 
 
 def _kill_groups(pids: list[int], tree: list[int], grace: float = 3.0) -> None:
