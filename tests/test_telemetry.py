@@ -213,8 +213,13 @@ def test_figures_and_report_from_recorded_data(session4, tmp_path):
 # ---------------------------------------------------------------- debug mode
 
 def test_debug_mode_names_a_mismatched_collective_and_session_survives(session4):
+    from interactive_parallel.cluster import SessionError
+
     session4.load_model(SPEC.name)
     session4.apply(Plan(dp=4, **BASE))
+    with pytest.raises(SessionError, match="DDP"):  # refused before any rank is touched
+        session4.set_debug(True)
+    session4.apply(Plan(fsdp=4, **BASE))
     session4.train(steps=1)
     session4.set_debug(True)
     try:

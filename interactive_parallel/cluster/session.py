@@ -31,7 +31,7 @@ _LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
 STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
 
 
-class Session(TelemetryMixin):
+class Session(ModelOps, TelemetryMixin):
     """Ranks in an ipyparallel pool, each a torch.distributed process, driven from here.
 
     >>> with Session(ranks=4) as s:
@@ -308,6 +308,8 @@ class Session(TelemetryMixin):
 
     async def apply_async(self, plan: Plan) -> Plan:
         self.check_plan(plan)
+        if getattr(self, "debug", False):
+            self._check_debug_plan(plan)  # DDP dies under the debug wrapper (telemetry.py)
         if self.spec is None:
             raise SessionError("no model loaded: call load_model('tiny-llama') first")
         caller = self._require()

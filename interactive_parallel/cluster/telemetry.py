@@ -103,6 +103,8 @@ class TelemetryMixin:
         OFF): a collective whose shapes differ across ranks then raises an error naming the
         ranks, op and shapes instead of aborting the engines. Slower collectives; the
         weights carry over (gathered first), the optimizer state and step count restart."""
+        if flag:
+            self._check_debug_plan(self.plan)
         caller = self._require()
         self._wait(caller.submit(api.set_debug, (bool(flag),)), "set_debug", timeout=self.collective_timeout + 10)
         self._init_process_group()
@@ -110,3 +112,12 @@ class TelemetryMixin:
         if self.spec is not None and self.plan is not None:
             self._wait(caller.submit(api.apply_plan, (self.plan.to_dict(),)), "apply")
         self.debug = bool(flag)
+
+    def _check_debug_plan(self, plan: Plan | None) -> None:
+        """DDP segfaults the engines when its group is a DETAIL debug wrapper (measured, torch
+        2.13 CPU: constructing DistributedDataParallel dies with SIGSEGV); refuse it here."""
+        if plan is not None and plan.dp > 1 and plan.world_size == plan.dp and \
+                (getattr(self, "debug", False) or plan is self.plan):
+            raise SessionError(f"debug mode cannot run plan {plan.describe()}: DDP crashes under "
+                               "TORCH_DISTRIBUTED_DEBUG=DETAIL on this torch; use Plan(fsdp=...) "
+                               "(or dp combined with another axis) while debugging")

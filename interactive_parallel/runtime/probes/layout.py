@@ -51,7 +51,7 @@ def shard_records(par, rank: int) -> list[ShardRecord]:
             _, offset = compute_local_shape_and_global_offset(p.shape, mesh, p.placements)
             held = list(p._local_tensor.shape)  # FSDP's padding is not held data
             index = [[int(o), int(o) + int(n)] for o, n in zip(offset, held)]
-            out.append(ShardRecord(local_shape=held, placements=[str(x) for x in p.placements],
+            out.append(ShardRecord(local_shape=held, placements=[repr(x) for x in p.placements],
                                    mesh_axes=list(mesh.mesh_dim_names or ()), index=index, **common))
         else:
             out.append(ShardRecord(local_shape=shape, placements=[], mesh_axes=[],

@@ -1,0 +1,83 @@
+"""Cost of the per-step probes and of the collective debug mode, on spawned gloo ranks.
+
+Prints a table: median step time of tiny-llama with probes on vs off (steps interleaved
+on/off so load drift hits both alike), and with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for
+a tiny all_reduce and a step. Run: .venv/bin/python bench/bench_probes.py [--ranks 4]
+Knows nothing of pytest; uses tests/mp_harness.py to start the ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+PLANS = [dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2), dict(dp=2, pp=2)]
+
+
+def _steps(rank: int, fields: dict, n: int, toggle: bool) -> dict:
+    import torch.distributed as dist
+
+    from interactive_parallel.plan import PRESETS, Plan
+    from interactive_parallel.runtime import probes
+    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.train import make_optimizer, train_step
+
+    par = parallelize(PRESETS["tiny-llama"], Plan(batch_size=8, seq_len=64, **fields))
+    opt = make_optimizer(par)
+    for s in range(3):
+        train_step(par, opt, s, rank=rank)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    for s in range(3, 3 + n):
+        on = s % 2 == 0 if toggle else True
+        probes.set_enabled(on)
+        dist.barrier()
+        t = time.perf_counter()
+        train_step(par, opt, s, rank=rank)
+        times["on" if on else "off"].append(time.perf_counter() - t)
+    probes.set_enabled(True)
+    return {k: statistics.median(v) for k, v in times.items() if v}
+
+
+def _all_reduce(rank: int, n: int) -> float:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(16)
+    for _ in range(5):
+        dist.all_reduce(t)
+    out = []
+    for _ in range(n):
+        s = time.perf_counter()
+        dist.all_reduce(t)
+        out.append(time.perf_counter() - s)
+    return statistics.median(out)
+
+
+def main() -> None:
+    from mp_harness import run_ranks
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    args = ap.parse_args()
+    rows = []
+    for fields in PLANS:
+        t = max(run_ranks(_steps, args.ranks, fields, args.steps, True), key=lambda d: d["on"])
+        label = ",".join(f"{k}={v}" for k, v in fields.items())
+        rows.append((f"step {label}: probes off / on", t["off"], t["on"]))
+    for debug in ("OFF", "DETAIL"):
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
+        ar = max(run_ranks(_all_reduce, args.ranks, 200))
+        st = max(run_ranks(_steps, args.ranks, dict(fsdp=4), 10, False), key=lambda d: d["on"])["on"]
+        rows.append((f"debug {debug}: all_reduce(16 floats) / fsdp=4 step", ar, st))
+    os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    print(f"{'case':52s} {'a (ms)':>9s} {'b (ms)':>9s} {'b/a':>6s}")
+    for name, a, b in rows:
+        print(f"{name:52s} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:6.2f}")
+
+
+if __name__ == "__main__":
+    main()

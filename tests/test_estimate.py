@@ -1,0 +1,87 @@
+"""plan/estimate: pure arithmetic of bytes per rank and per collective (no torch, no processes).
+
+The exact agreement with measured bytes is tests/test_telemetry.py's job; here: the
+inventory matches the model's parameter count, and the rules (sharding, padding,
+pipeline ownership, tied heads) hold on small hand-checkable cases."""
+import pytest
+
+from interactive_parallel import Plan
+from interactive_parallel.plan import PRESETS
+from interactive_parallel.plan.estimate import (chunk, local_tensors, param_inventory, predict_activations,
+                                                predict_comms, predict_memory)
+from interactive_parallel.plan.models import ModelSpec
+
+pytestmark = pytest.mark.pure
+LLAMA, GPT2 = PRESETS["tiny-llama"], PRESETS["tiny-gpt2"]
+LLAMA_PARAMS = 279104  # counted from the built model: 2 * 128*64 + 4 * 65664 + 64
+
+
+def test_inventory_counts_every_parameter_once():
+    assert sum(_numel(p.shape) for p in param_inventory(LLAMA)) == LLAMA_PARAMS
+    names = [p.name for p in param_inventory(GPT2)]
+    assert "lm_head.weight" not in names and "transformer.wte.weight" in names  # tied head
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def test_chunk_follows_torch_chunk():
+    assert [chunk(10, 4, i) for i in range(4)] == [3, 3, 3, 1]
+    assert [chunk(5, 4, i) for i in range(4)] == [2, 2, 1, 0]
+    assert [chunk(8, 4, i) for i in range(4)] == [2, 2, 2, 2]
+
+
+def test_replicated_and_fsdp_bytes():
+    rep = predict_memory(LLAMA, Plan(dp=4))
+    assert all(r.params == r.grads == 4 * LLAMA_PARAMS for r in rep)
+    assert all(r.optimizer == 8 * LLAMA_PARAMS + 4 * len(param_inventory(LLAMA)) for r in rep)
+    fsdp = predict_memory(LLAMA, Plan(fsdp=4))
+    assert all(r.params == LLAMA_PARAMS for r in fsdp)  # divides evenly: a quarter each
+
+
+def test_fsdp_pads_uneven_shards_in_storage_not_in_moments():
+    spec = ModelSpec(name="odd", family="llama", config=dict(LLAMA.config, vocab_size=130))
+    recs = predict_memory(spec, Plan(fsdp=4))
+    assert len({r.params for r in recs}) == 1  # padded storage: the same on every rank
+    assert len({r.optimizer for r in recs}) == 2  # moments of the real shard: 33, 33, 33, 31 rows
+    assert recs[0].optimizer - recs[3].optimizer == 2 * 2 * 2 * 64 * 4  # embed + head: 2 rows fewer each
+
+
+def test_tp_shards_only_the_plan_linears():
+    tp = {p.name: held for p, held, _ in local_tensors(LLAMA, Plan(tp=2), 0)}
+    assert tp["model.layers.0.self_attn.q_proj.weight"] == 64 * 64 // 2
+    assert tp["model.layers.0.mlp.down_proj.weight"] == 64 * 256 // 2
+    assert tp["model.embed_tokens.weight"] == 128 * 64 and tp["model.norm.weight"] == 64
+
+
+def test_pipeline_ownership_and_tied_head():
+    owned = [{p.name for p, _, _ in local_tensors(GPT2, Plan(pp=2), r)} for r in (0, 1)]
+    assert "transformer.wte.weight" in owned[0] and "transformer.wte.weight" in owned[1]
+    assert "transformer.wpe.weight" not in owned[1] and "transformer.ln_f.weight" in owned[1]
+    assert not any(n.startswith("transformer.h.2.") for n in owned[0])
+    inter = Plan(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    layers0 = {p.layer for p, _, _ in local_tensors(LLAMA, inter, 0) if p.layer is not None}
+    assert layers0 == {0, 2}  # loop order: stages 0 and 2
+
+
+def test_activation_estimate_scales_with_tokens_and_stages():
+    base = predict_activations(LLAMA, Plan(dp=4, batch_size=8), 0)
+    assert predict_activations(LLAMA, Plan(dp=4, batch_size=16), 0) == 2 * base
+    gpipe = Plan(pp=2, pp_schedule="gpipe", microbatches=4, batch_size=8)
+    one_f = gpipe.replace(pp_schedule="1f1b")
+    assert predict_activations(LLAMA, gpipe, 0) == 2 * predict_activations(LLAMA, one_f, 0)
+
+
+def test_comms_rules():
+    dp = predict_comms(LLAMA, Plan(dp=4))
+    assert dp == [{"op": "all_reduce", "axis": "dp", "count": None, "bytes": 4 * LLAMA_PARAMS}]
+    fsdp = {d["op"]: d for d in predict_comms(LLAMA, Plan(fsdp=4))}
+    assert fsdp["reduce_scatter"]["bytes"] == 4 * LLAMA_PARAMS and fsdp["all_gather"]["count"] == 10
+    pp = {d["op"]: d for d in predict_comms(LLAMA, Plan(pp=2, dp=2, batch_size=8, seq_len=32))}
+    assert pp["send"]["bytes"] == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
+    tp = {(d["op"], d["axis"]): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
+    assert tp[("all_reduce", "tp")]["count"] == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer
