@@ -27,9 +27,9 @@ def free_port(host: str = "") -> int:
 def threads_for(local_world_size: int, cores: int | None = None) -> int:
     """Intra-op threads per rank: the host's cores shared out, at least one.
 
-    Measured on 2 cores with 4 ranks (bench/bench_threads.py): 1 thread per rank was
-    best or tied in every configuration; the engine default (all cores each) was up
-    to 10x slower for replicated steps because the ranks fight for the same cores.
+    Measured on 2 cores with 4 ranks, tiny-llama dp=4 (bench/bench_threads.py): 1 thread
+    per rank 102 ms a step, 2 threads per rank 1201 ms: with more threads than cores the
+    ranks' OpenMP workers spin against each other. So never more threads than cores.
     """
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
