@@ -37,16 +37,17 @@ class StepProbe:
         self.par, self.optimizer, self.step_index, self.rank = par, optimizer, step, rank
         self.params = self.grads = self.opt = None
         self.ledger = self.events = self.act = None
+        self.param_list = None
 
     def _before_update(self, *_):
-        params = self.par.parameters()
+        params = self.param_list or self.par.parameters()
         self.params, self.grads = memory.param_bytes(params), memory.grad_bytes(params)
 
     def _after_update(self, *_):
         self.opt = memory.optimizer_bytes(self.optimizer)
 
     def memory_record(self) -> MemoryRecord:
-        params = self.par.parameters()
+        params = self.param_list or self.par.parameters()
         return MemoryRecord(
             rank=self.rank, step=self.step_index,
             params=self.params if self.params is not None else memory.param_bytes(params),
@@ -75,12 +76,13 @@ def step(par, optimizer, step_index: int, rank: int):
         pipeline.instrument_schedule(par.schedule)
     else:
         pipeline.instrument_module(par.cp_model if par.cp_model is not None else par.raw)
+    probe.param_list = par.parameters()  # walks every module: once per step
     handles = [optimizer.register_step_pre_hook(probe._before_update),
                optimizer.register_step_post_hook(probe._after_update)]
     if par.device.type == "cuda":
         act = memory.DevicePeak(par.device)
     else:
-        act = memory.SavedTensors(exclude=[memory.local(p) for p in par.parameters()])
+        act = memory.SavedTensors(exclude=[memory.local(p) for p in probe.param_list])
     try:
         with comms.recording(rank, step_index, par.plan) as ledger, \
                 pipeline.recording(rank, step_index) as events, act:

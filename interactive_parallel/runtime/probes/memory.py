@@ -63,11 +63,16 @@ def optimizer_bytes(optimizer) -> int:
     return unique_bytes(v for state in optimizer.state.values() for v in state.values())
 
 
+_PROC: list = []
+
+
 def rss() -> int:
     try:
-        import psutil
+        if not _PROC or _PROC[0].pid != os.getpid():
+            import psutil
 
-        return int(psutil.Process(os.getpid()).memory_info().rss)
+            _PROC[:] = [psutil.Process(os.getpid())]
+        return int(_PROC[0].memory_info().rss)
     except Exception:  # noqa: BLE001 - orientation only
         return 0
 
