@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from interactive_parallel import Plan
 from interactive_parallel.cluster import SessionError

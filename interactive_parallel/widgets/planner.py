@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import ipywidgets as W
 
 from ..plan import PP_SCHEDULES, PRECISIONS, PRESETS, Plan, PlanError, resolve_model, validate
-from ..viz._common import human_bytes
+from ..viz import human_bytes
 from ._common import button, css
 
 if TYPE_CHECKING:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from ...records import MemoryRecord
 from . import comms, memory, pipeline
 from .layout import shard_records
