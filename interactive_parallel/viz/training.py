@@ -59,6 +59,8 @@ def loss_figure(steps: Iterable[StepRecord | dict[str, Any]] | None) -> go.Figur
         x=xs, y=[sum(per_step[s]) / len(per_step[s]) for s in xs], mode="lines", name="mean",
         line=dict(color="black", width=4), opacity=0.7,
         hovertemplate="mean<br>step %{x}<br>loss %{y:.4f}<extra></extra>"))
+    if len(xs) <= 12:
+        fig.update_xaxes(dtick=1)  # steps are whole numbers: no 0.5 ticks on short runs
     return styled(fig, title, xt, yt, hovermode="closest", legend_title_text="")
 
 
