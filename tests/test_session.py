@@ -228,3 +228,45 @@ def test_attach_to_a_cluster_started_elsewhere(tmp_path):
         client.close()
     finally:
         cluster.stop_cluster_sync()
+
+
+def test_driving_ranks_never_imports_torch_in_the_client(tmp_path):
+    """A notebook kernel that only drives ranks stays light (Binder's ~2 GB): no record or
+    result of the Session's own actions needs torch to be unpickled."""
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        from interactive_parallel import Plan, Session, viz
+        with Session(ranks=2) as s:
+            s.doctor(); s.load_model("tiny-llama"); s.apply(Plan(dp=2, batch_size=4, seq_len=16))
+            s.train(steps=2); s.generate("1+1=", max_new_tokens=2)
+            s.memory(); s.comms(); s.layout(); s.timeline(); s.verify()
+            s.apply(Plan(tp=2, batch_size=4, seq_len=16)); s.train(steps=1); s.layout()
+            s.report(sys.argv[1])
+            s.panel()
+        print("TORCH" if "torch" in sys.modules else "CLEAN")
+    """))
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "r.html")], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "CLEAN"
+
+
+def test_load_model_from_a_config_object_and_a_local_directory(session4, tmp_path):
+    from transformers import LlamaConfig
+
+    from interactive_parallel.runtime.models import build_model
+
+    config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    spec = session4.load_model(config)
+    assert spec.family == "llama" and spec.num_layers == 2
+    session4.apply(Plan(dp=4, batch_size=4, seq_len=16))
+    assert len(session4.train(steps=1)) == 4
+
+    saved = build_model(spec, seed=7)
+    saved.save_pretrained(tmp_path / "my-model")
+    spec = session4.load_model(str(tmp_path / "my-model"))
+    assert spec.source == str((tmp_path / "my-model").resolve())
+    weights = session4.run(api.full_state_dict)[0]
+    assert all(torch.equal(weights[k], v) for k, v in saved.state_dict().items())

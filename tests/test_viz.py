@@ -353,3 +353,13 @@ def test_write_report_sections_and_one_plotlyjs(tmp_path):
 def test_write_report_without_figures(tmp_path):
     path = write_report(str(tmp_path / "empty.html"), {})
     assert "No figures" in path.read_text(encoding="utf-8")
+
+
+@pytest.mark.pure
+def test_interleaved_bubble_is_counted_per_rank():
+    # rank 0 runs stages 0 and 2 back to back: each stage row idles half the time, the rank never
+    ev = [PipelineEvent(rank=0, step=0, stage=0, microbatch=0, action="F", start=0, end=1),
+          PipelineEvent(rank=0, step=0, stage=2, microbatch=0, action="F", start=1, end=2)]
+    assert bubble_fractions(ev) == pytest.approx({0: 0.0})
+    assert bubble_fractions(ev, by="stage") == pytest.approx({0: 0.5, 2: 0.5})
+    assert "bubble 0.0%" in pipeline_figure(ev).layout.title.text

@@ -25,7 +25,10 @@ def rank_info(engine_id: int = -1) -> RankInfo:
     ready = dist.is_initialized()
     return RankInfo(rank=st.rank, engine_id=engine_id, host=st.host, pid=os.getpid(), local_rank=st.local_rank,
                     device=st.device, backend=dist.get_backend() if ready else "(not initialised)",
-                    threads=torch.get_num_threads(), torch=torch.__version__, transformers=transformers.__version__,
+                    threads=torch.get_num_threads(),
+                    # str(): torch's version is a TorchVersion, whose unpickling imports torch
+                    # into the client (200 MB in a notebook kernel that never needed it)
+                    torch=str(torch.__version__), transformers=str(transformers.__version__),
                     world_size=dist.get_world_size() if ready else st.world_size)
 
 

@@ -29,11 +29,11 @@ def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cp
     from transformers import AutoModelForCausalLM
 
     if spec.source:
-        model = AutoModelForCausalLM.from_pretrained(spec.source, torch_dtype=torch.float32,
+        model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32,
                                                      local_files_only=True)
     else:
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(make_config(spec), torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(make_config(spec), dtype=torch.float32)
     model.config.use_cache = False
     return model.to(device)
 

@@ -48,23 +48,31 @@ def _select_step(events: list[PipelineEvent], step: int | None) -> tuple[int | N
 
 
 def bubble_fractions(events: Iterable[PipelineEvent | dict[str, Any]] | None,
-                     step: int | None = None) -> dict[int, float]:
-    """stage -> bubble fraction in [0, 1] for `step` (None: the latest step with timed events)."""
+                     step: int | None = None, by: str = "rank") -> dict[int, float]:
+    """rank (or stage) -> idle fraction in [0, 1] of the step's span, for `step` (None: the
+    latest step with timed events).
+
+    By rank is the bubble that costs time: under interleaved schedules a rank runs several
+    stages, and one stage's row standing idle while the same rank works on another stage is
+    not a bubble. By stage, rows of several data-parallel ranks of a stage are averaged.
+    """
     _, evs = _select_step(records_of(events, PipelineEvent), step)
-    return _fractions(evs)
+    return _fractions(evs, by)
 
 
-def _fractions(evs: list[PipelineEvent]) -> dict[int, float]:
+def _fractions(evs: list[PipelineEvent], by: str = "rank") -> dict[int, float]:
+    if by not in ("rank", "stage"):
+        raise ValueError(f"by={by!r}: expected 'rank' or 'stage'")
     if not evs:
         return {}
     total = max(e.end for e in evs) - min(e.start for e in evs)
     rows: dict[tuple[int, int], list[tuple[float, float]]] = defaultdict(list)
     for e in evs:
-        rows[(e.stage, e.rank)].append((e.start, e.end))
-    per_stage: dict[int, list[float]] = defaultdict(list)
-    for (stage, _), iv in rows.items():
-        per_stage[stage].append(1.0 - _busy(iv) / total if total > 0 else 0.0)
-    return {s: sum(v) / len(v) for s, v in sorted(per_stage.items())}
+        rows[(e.rank, -1) if by == "rank" else (e.stage, e.rank)].append((e.start, e.end))
+    grouped: dict[int, list[float]] = defaultdict(list)
+    for (key, _), iv in rows.items():
+        grouped[key].append(1.0 - _busy(iv) / total if total > 0 else 0.0)
+    return {k: sum(v) / len(v) for k, v in sorted(grouped.items())}
 
 
 def overall_bubble(fractions: dict[int, float]) -> float:
@@ -76,7 +84,7 @@ def pipeline_figure(events: Iterable[PipelineEvent | dict[str, Any]] | None,
     """The schedule of one step (None: the latest): y = stage (one row per rank of the stage when
     several ranks run it), x = time from the step's first event, one bar trace per action ("F:
     forward", "B: backward", "W: weight grad"), each bar labelled with its microbatch. The title
-    gives the overall bubble fraction and each stage's."""
+    gives the overall bubble fraction and each rank's idle fraction."""
     chosen, evs = _select_step(records_of(events, PipelineEvent), step)
     if not evs:
         return empty_figure("Pipeline schedule", XT, YT)
@@ -102,9 +110,9 @@ def pipeline_figure(events: Iterable[PipelineEvent | dict[str, Any]] | None,
             customdata=[[e.rank, e.microbatch, (e.end - e.start) * 1e3, e.start - t0] for e in sel],
             hovertemplate=(f"%{{y}} (rank %{{customdata[0]}}) {action} microbatch %{{customdata[1]}}<br>"
                            "start %{customdata[3]:.4f} s, %{customdata[2]:.2f} ms<extra></extra>")))
-    per_stage = ", ".join(f"stage {s} {f:.0%}" for s, f in fractions.items())
+    per_rank = ", ".join(f"rank {r} {f:.0%}" for r, f in fractions.items())
     title = (f"Pipeline schedule, step {chosen}: bubble {overall_bubble(fractions):.1%}"
-             f" ({per_stage})")
+             f" (idle per rank: {per_rank})")
     styled(fig, title, XT, YT, barmode="overlay", bargap=0.15)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed")
     return fig
