@@ -100,8 +100,8 @@ class LocalPool(Pool):
         self._start_leash()
         try:
             if self.launch == "fork":
+                self._fork_engines(n)  # first: its imports overlap the controller's start
                 self.cluster.start_controller_sync()
-                self._fork_engines(n)
                 self.client = self.cluster.connect_client_sync()
             else:
                 self.client = self.cluster.start_and_connect_sync()
@@ -111,27 +111,14 @@ class LocalPool(Pool):
             raise
         self._write_state()
 
-    def _engine_connection_info(self, timeout: float = 60.0) -> dict:
-        """The controller's engine connection file (plain polling: this may run inside an
-        event loop, where ipyparallel's coroutine for it cannot be driven)."""
-        path = self.cluster.controller.connection_files["engine"]
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with open(path) as f:
-                    return json.load(f)
-            except (OSError, ValueError):  # not there yet, or half written
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"controller wrote no {path} in {timeout:g} s") from None
-                time.sleep(0.05)
-
     def _fork_engines(self, n: int) -> None:
-        info = {"engine": self._engine_connection_info()}
+        """Start a zygote for n engines. It imports torch while the controller starts, then
+        waits for the controller's engine connection file and forks."""
+        path = os.path.join(self.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
         log = open(os.path.join(self.profile_dir, f"zygote-{len(self._zygotes)}.log"), "ab")
-        env = dict(os.environ, IPP_CONNECTION_INFO=json.dumps(info["engine"]))
         self._zygotes.append(subprocess.Popen(
-            [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), self.profile_dir],
-            env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), self.profile_dir, path],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         log.close()
 
     def _wait_for(self, total: int, timeout: float) -> None:

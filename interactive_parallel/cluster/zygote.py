@@ -9,16 +9,21 @@ The parent stays small: a template child imports, forks N engines and exits; the
 parent (their subreaper) forwards SIGTERM/SIGINT to them and exits when they have all
 exited. Each child runs a plain ipyparallel engine (no nanny process: the
 controller's heartbeat already notices a dead engine) connected through
-$IPP_CONNECTION_INFO. Knows nothing of ranks or models; nothing may start a thread
-or a zmq context before the fork.
+$IPP_CONNECTION_INFO, read from the controller's engine connection file once the
+controller has written it (the imports run meanwhile). Knows nothing of ranks or
+models; nothing may start a thread or a zmq context before the fork.
 
-Run: python -m interactive_parallel.cluster.zygote N PROFILE_DIR
+Run: python -m interactive_parallel.cluster.zygote N PROFILE_DIR ENGINE_CONNECTION_FILE
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
+import time
+
+CONNECTION_TIMEOUT_S = 120.0
 
 
 def _child(profile_dir: str) -> None:
@@ -41,13 +46,33 @@ def _become_subreaper() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _template(n: int, profile_dir: str) -> None:
+def _connection_info(path: str) -> str:
+    deadline = time.monotonic() + CONNECTION_TIMEOUT_S
+    while True:
+        try:
+            with open(path) as f:
+                text = f.read()
+            json.loads(text)  # a half-written file fails here: read again
+            return text
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                print(f"zygote: no controller connection file {path}", file=sys.stderr, flush=True)
+                os._exit(1)
+            time.sleep(0.05)
+
+
+def _template(n: int, profile_dir: str, connection_file: str) -> None:
     import gc
 
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+    # The model families' modules (1.6 s of a rank's first model build): imported once here.
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
     import ipyparallel.engine.app  # noqa: F401
+
+    os.environ["IPP_CONNECTION_INFO"] = _connection_info(connection_file)
 
     # Keep the cyclic GC from writing to every imported object in the children, which
     # would copy the very pages the fork shares.
@@ -59,12 +84,12 @@ def _template(n: int, profile_dir: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    n, profile_dir = int(argv[0]), argv[1]
+    n, profile_dir, connection_file = int(argv[0]), argv[1], argv[2]
     # This process stays small (no torch): a template child imports and forks the engines,
     # then exits; the engines become our children (subreaper) and we wait for them.
     _become_subreaper()
     if os.fork() == 0:
-        _template(n, profile_dir)
+        _template(n, profile_dir, connection_file)
 
     def forward(sig, _frame):
         signal.signal(sig, signal.SIG_IGN)

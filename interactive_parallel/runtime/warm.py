@@ -17,6 +17,8 @@ def _warm() -> None:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
         from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+        import transformers.models.llama.modeling_llama  # noqa: F401
     except Exception:  # noqa: BLE001 - a failed warm-up shows up again, with its error, on first use
         pass
     finally:
