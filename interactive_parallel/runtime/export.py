@@ -56,6 +56,9 @@ def main() -> None:
         loss = global_loss(par, rec.loss)
         if rank == 0:
             print(f"step {{step}} loss {{loss:.6f}} time_s {{rec.time_s:.3f}}", flush=True)
+    # Everyone done talking before anyone tears down: a rank destroying its groups while a
+    # peer still has gloo traffic in flight can abort in C++ ("terminate called ...").
+    dist.barrier()
     dist.destroy_process_group()
 
 
