@@ -41,7 +41,9 @@ case "$cmd" in
       shift
       exec "$VENV/bin/interactive-parallel" demo --ranks 4 --plan dp=4 --steps 30 --report report.html "$@"
     fi
-    exec "$VENV/bin/jupyter" lab notebooks/00_tour.ipynb "$@"
+    extra=()
+    [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers and Binder-like machines run as root
+    exec "$VENV/bin/jupyter" lab ${extra[@]+"${extra[@]}"} notebooks/00_tour.ipynb "$@"
     ;;
   test)
     setup test
