@@ -64,13 +64,11 @@ def _connection_info(path: str) -> str:
 def _template(n: int, profile_dir: str, connection_file: str) -> None:
     import gc
 
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
-    # The model families' modules (1.6 s of a rank's first model build): imported once here.
-    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
-    import transformers.models.llama.modeling_llama  # noqa: F401
     import ipyparallel.engine.app  # noqa: F401
+
+    from interactive_parallel.runtime.warm import import_heavy
+
+    import_heavy()  # here, unlike the warm-up thread, a failure stops the zygote with its error
 
     os.environ["IPP_CONNECTION_INFO"] = _connection_info(connection_file)
 

@@ -12,13 +12,19 @@ _done = threading.Event()
 _started = False
 
 
+def import_heavy() -> None:
+    """What a rank's first model build would import: torch, transformers' auto classes and
+    the supported families' modeling modules (1.6 s of that first build on their own)."""
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+    import transformers.models.gpt2.modeling_gpt2  # noqa: F401
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
+
+
 def _warm() -> None:
     try:
-        import torch  # noqa: F401
-        import torch.distributed  # noqa: F401
-        from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast  # noqa: F401
-        import transformers.models.gpt2.modeling_gpt2  # noqa: F401
-        import transformers.models.llama.modeling_llama  # noqa: F401
+        import_heavy()
     except Exception:  # noqa: BLE001 - a failed warm-up shows up again, with its error, on first use
         pass
     finally:
