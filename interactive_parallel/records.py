@@ -1,11 +1,18 @@
 """The records that cross between ranks and the client: plain dataclasses of numbers and strings.
 
-Owns their fields and their dict form (`to_dict` / `from_dict`). Knows nothing of torch,
-ipyparallel or plotly: ranks build them, viz/ draws them, the wire carries their dicts.
+Owns their fields and one dict mechanism for all of them: `to_dict` (nested records become
+nested dicts, each tagged with its `kind`) and `from_dict` (nested records are rebuilt from
+the declared field types, so a StepRecord's MemoryRecord comes back a MemoryRecord). Ranks
+build records and ship the objects themselves (ipyparallel pickles them); the client keeps
+them, viz/ draws them; dicts are for JSON files and reports. Knows nothing of torch,
+ipyparallel or plotly.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Sequence, TypeVar
 
@@ -13,40 +20,58 @@ R = TypeVar("R", bound="Record")
 
 
 class Record:
-    """Mixin: dict round trip that ignores unknown keys (older clients, newer ranks)."""
+    """Mixin of every record: the dict round trip (unknown keys are ignored: older clients, newer ranks)."""
 
     kind: ClassVar[str] = "record"
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)  # type: ignore[call-overload]
+        d = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
         d["kind"] = self.kind
         return d
 
     @classmethod
     def from_dict(cls: type[R], d: dict[str, Any]) -> R:
-        names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        return cls(**{k: v for k, v in d.items() if k in names})
+        nested = _nested_fields(cls)
+        values = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            shape, rtype = nested.get(f.name, (None, None))
+            if shape == "one" and isinstance(v, dict):
+                v = rtype.from_dict(v)
+            elif shape == "list" and isinstance(v, list):
+                v = [rtype.from_dict(x) if isinstance(x, dict) else x for x in v]
+            values[f.name] = v
+        return cls(**values)
 
 
-@dataclass
-class StepRecord(Record):
-    """One optimizer step as one rank saw it."""
+def _plain(v: Any) -> Any:
+    if isinstance(v, Record):
+        return v.to_dict()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
 
-    kind: ClassVar[str] = "step"
-    rank: int
-    step: int
-    loss: float
-    tokens: int
-    """Tokens this rank processed in the step (its share of the global batch)."""
-    time_s: float
-    """Wall time of the step on this rank, forward to optimizer update."""
-    plan: str = ""
-    grad_norm: float | None = None
-    lr: float | None = None
 
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+@functools.cache
+def _nested_fields(cls: type) -> dict[str, tuple[str, type]]:
+    """Field name -> ('one' | 'list', Record subclass) for the fields declared to hold records."""
+    hints = typing.get_type_hints(cls)
+    out: dict[str, tuple[str, type]] = {}
+    for f in dataclasses.fields(cls):
+        t = hints.get(f.name)
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if origin in (typing.Union, types.UnionType):
+            inner = [a for a in args if a is not type(None)]
+            t, origin, args = inner[0], typing.get_origin(inner[0]), typing.get_args(inner[0])
+        if isinstance(t, type) and issubclass(t, Record):
+            out[f.name] = ("one", t)
+        elif origin is list and args and isinstance(args[0], type) and issubclass(args[0], Record):
+            out[f.name] = ("list", args[0])
+    return out
 
 
 @dataclass
@@ -87,6 +112,49 @@ class CommRecord(Record):
 
 
 @dataclass
+class PipelineEvent(Record):
+    """A forward or backward of one microbatch on one stage."""
+
+    kind: ClassVar[str] = "pipeline"
+    rank: int
+    step: int
+    stage: int
+    microbatch: int
+    action: str
+    """'F' (forward), 'B' (backward), 'W' (weight gradient, zero-bubble schedules)."""
+    start: float
+    end: float
+
+
+@dataclass
+class StepRecord(Record):
+    """One optimizer step as one rank saw it, with what the probes measured during it."""
+
+    kind: ClassVar[str] = "step"
+    rank: int
+    step: int
+    loss: float
+    """This rank's loss (its share of the batch); NaN on pipeline ranks without the last stage."""
+    tokens: int
+    """Tokens this rank processed in the step (its share of the global batch)."""
+    time_s: float
+    """Wall time of the step on this rank, forward to optimizer update."""
+    plan: str = ""
+    grad_norm: float | None = None
+    lr: float | None = None
+    memory: MemoryRecord | None = None
+    """Bytes held during the step (None with the probes off)."""
+    comms: list[CommRecord] = field(default_factory=list)
+    """Every collective and p2p op the step issued on this rank."""
+    events: list[PipelineEvent] = field(default_factory=list)
+    """Compute intervals: forward / backward per stage and microbatch."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+
+@dataclass
 class ShardRecord(Record):
     """Which part of a full parameter one rank holds."""
 
@@ -106,18 +174,20 @@ class ShardRecord(Record):
 
 
 @dataclass
-class PipelineEvent(Record):
-    """A forward or backward of one microbatch on one stage."""
+class TokenRecord(Record):
+    """New text of one prompt after one decoding step (generation streams these)."""
 
-    kind: ClassVar[str] = "pipeline"
+    kind: ClassVar[str] = "token"
     rank: int
-    step: int
-    stage: int
-    microbatch: int
-    action: str
-    """'F' (forward), 'B' (backward), 'W' (weight gradient, zero-bubble schedules)."""
-    start: float
-    end: float
+    prompt: int
+    """Index of the prompt in the call."""
+    position: int
+    """Decoding step (0: the first new token)."""
+    text: str
+    """The text this step added (may be empty: a special token, or the prompt already ended)."""
+    done: bool = False
+    """True once the prompt's completion is finished (end-of-sequence or max_new_tokens)."""
+    time: float = 0.0
 
 
 @dataclass
@@ -144,11 +214,73 @@ class RankInfo(Record):
     error: str = ""
 
 
+@dataclass
+class CommEstimate(Record):
+    """Predicted traffic of one kind of op on one mesh axis, per optimizer step on one rank."""
+
+    kind: ClassVar[str] = "comm_estimate"
+    rank: int
+    op: str
+    axis: str
+    count: int | None
+    """Ops per step (None: bucketed, the count depends on the bucket size)."""
+    bytes: int
+    """Full-buffer bytes per step, the comm ledger's convention."""
+
+
+@dataclass
+class ParamDiff(Record):
+    """verify()'s row for one parameter: how far its gradient is from the reference's."""
+
+    kind: ClassVar[str] = "param_diff"
+    name: str
+    shape: list[int]
+    max_abs_diff: float
+
+
+@dataclass
+class VerifyReport(Record):
+    """The current plan against a single-process reference on the same weights and batch."""
+
+    kind: ClassVar[str] = "verify"
+    ok: bool
+    """True when |dloss| and every parameter's max |dgrad| are within `tolerance`."""
+    tolerance: dict[str, float]
+    loss_ref: float
+    loss_par: float
+    dloss: float
+    max_grad_diff: float
+    params: list[ParamDiff] = field(default_factory=list)
+    """Per parameter: the max |dgrad| against the reference (full tensors)."""
+    plan: str = ""
+    note: str = ""
+    """Why a reference could not be built, when it could not (ok is then False)."""
+
+    def worst(self, n: int = 5) -> list[ParamDiff]:
+        return sorted(self.params, key=lambda p: -p.max_abs_diff)[:n]
+
+    def __str__(self) -> str:
+        if self.note:
+            return f"verify {self.plan}: not run: {self.note}"
+        head = (f"verify {self.plan}: {'OK' if self.ok else 'MISMATCH'}  "
+                f"loss par {self.loss_par:.6f} ref {self.loss_ref:.6f} |dloss| {self.dloss:.2e} "
+                f"(tol {self.tolerance.get('loss', 0):.0e}); max |dgrad| {self.max_grad_diff:.2e} "
+                f"(tol {self.tolerance.get('grad', 0):.0e})")
+        width = max((len(p.name) for p in self.params), default=4)
+        rows = [f"  {p.name:<{width}}  {str(tuple(p.shape)):>14}  {p.max_abs_diff:.2e}" for p in self.params]
+        return "\n".join([head, f"  {'parameter':<{width}}  {'shape':>14}  max |dgrad|", *rows])
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
-    t.kind: t for t in (StepRecord, MemoryRecord, CommRecord, ShardRecord, PipelineEvent, RankInfo)}
+    t.kind: t for t in (StepRecord, MemoryRecord, CommRecord, ShardRecord, PipelineEvent, TokenRecord, RankInfo,
+                        CommEstimate, ParamDiff, VerifyReport)}
 
 
 def from_dict(d: dict[str, Any]) -> Record:
+    """Any record from its dict, by its 'kind'."""
     return RECORD_TYPES[d["kind"]].from_dict(d)
 
 
@@ -156,7 +288,8 @@ def table(records: Sequence[Record], columns: Iterable[str] | None = None) -> st
     """A fixed-width text table, for printing records in a terminal or notebook."""
     if not records:
         return "(no records)"
-    cols = list(columns or [f.name for f in dataclasses.fields(records[0])])  # type: ignore[arg-type]
+    cols = list(columns or [f.name for f in dataclasses.fields(records[0])  # type: ignore[arg-type]
+                            if not isinstance(getattr(records[0], f.name), (list, Record))])
 
     def fmt(v: Any) -> str:
         if isinstance(v, float):
@@ -183,6 +316,3 @@ class RecordList(list):
 
     def _repr_pretty_(self, p, cycle):  # IPython display
         p.text(str(self))
-
-    def to_dicts(self) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in self]

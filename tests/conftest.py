@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def pool_footprint(session) -> tuple[list[int], list[int]]:
     """(pids, listening ports) of everything a session's pool runs."""
-    pids = session._pool.process_tree() + ([session._pool._leash.pid] if session._pool._leash else [])
+    pids = session.ranks.pool.process_tree() + ([session.ranks.pool._leash.pid] if session.ranks.pool._leash else [])
     ports = []
     for conn in psutil.net_connections(kind="inet"):
         if conn.pid in pids and conn.status == psutil.CONN_LISTEN:

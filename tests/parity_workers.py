@@ -48,16 +48,14 @@ PROMPTS = ["12+35=", "7+8=", "99+1="]
 
 def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
     """Greedy and sampled completions under each plan, from every rank (they must agree)."""
-    import dataclasses
-
     import torch
 
     from interactive_parallel.runtime import api, state
 
-    api.load_model(dataclasses.asdict(PRESETS["tiny-llama"]))
+    api.load_model(PRESETS["tiny-llama"])
     out = {}
     for fields in plans:
-        api.apply_plan(Plan(**fields).to_dict())
+        api.apply_plan(Plan(**fields))
         greedy = api.generate(PROMPTS, max_new_tokens, {})
         sampled = api.generate(PROMPTS, max_new_tokens, {"do_sample": True, "top_k": 20, "seed": 3})
         par = state.get().parallel
@@ -88,29 +86,27 @@ def _logits(ids):
 
 def replan_group(rank: int, preset: str, save_plan: dict, replan: dict, load_plan: dict, path: str) -> dict:
     """Hot re-plan and checkpoint round trip through runtime.api; rank 0 returns the logits seen."""
-    import dataclasses
-
     from interactive_parallel.runtime import api, state
     from interactive_parallel.runtime.data import global_batch
 
     ids = global_batch(7, 0, 2, 16)[:, :-1]
-    api.load_model(dataclasses.asdict(PRESETS[preset]))
-    api.apply_plan(Plan(**save_plan).to_dict())
-    api.train_step()  # move the weights off their seeded init
+    api.load_model(PRESETS[preset])
+    api.apply_plan(Plan(**save_plan))
+    api.train(1)  # move the weights off their seeded init
     before = _logits(ids)
     verified = api.verify()
     api.save_checkpoint(path)
-    api.apply_plan(Plan(**replan).to_dict())  # hot re-plan: the weights carry over
+    api.apply_plan(Plan(**replan))  # hot re-plan: the weights carry over
     replanned = _logits(ids)
-    api.apply_plan(Plan(**load_plan).to_dict())
-    api.train_step()  # change the weights, so the load has something to undo
+    api.apply_plan(Plan(**load_plan))
+    api.train(1)  # change the weights, so the load has something to undo
     changed = _logits(ids)
     info = api.load_checkpoint(path)
     loaded = _logits(ids)
     verified_after = api.verify()
     # New batch and sequence sizes under a pipeline: the schedule must be rebuilt, not reused.
-    api.update_training(state.get().plan.replace(seq_len=32, batch_size=4).to_dict())
-    api.train_step()
+    api.update_training(state.get().plan.replace(seq_len=32, batch_size=4))
+    api.train(1)
     resized = api.verify()
     result = {"before": before, "replanned": replanned, "changed": changed, "loaded": loaded, "info": info,
               "verify": verified, "verify_after": verified_after, "verify_resized": resized}
@@ -122,8 +118,8 @@ def replan_groups(rank: int, scenarios: list[tuple], bf16_plan: dict) -> dict:
     from interactive_parallel.runtime import api
 
     out = {s[0]: replan_group(rank, *s) for s in scenarios}
-    api.apply_plan(Plan(**bf16_plan, precision="bf16").to_dict())
-    api.train_step()
+    api.apply_plan(Plan(**bf16_plan, precision="bf16"))
+    api.train(1)
     out["bf16"] = api.verify()
     return out
 

@@ -40,7 +40,7 @@ CELLS = [
     "from interactive_parallel import Session\n"
     "s = Session(ranks=4)\n"
     "s.load_model('tiny-llama')\n"
-    "print('POOL-PIDS', json.dumps(s._pool.process_tree() + [s._pool._leash.pid]))\n"
+    "print('POOL-PIDS', json.dumps(s.ranks.pool.process_tree() + [s.ranks.pool._leash.pid]))\n"
     "p = s.panel()\n"
     "p",
     "print('PANEL-' + 'READY')",

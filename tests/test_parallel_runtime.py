@@ -107,14 +107,14 @@ def test_checkpoint_loads_under_another_plan(replanned):
 def test_verify_reports_parity(replanned):
     for rank, r in enumerate(replanned):
         v = r["verify"]
-        assert v["ok"], f"rank {rank}: {({k: v[k] for k in ('dloss', 'max_grad_diff', 'tolerance')})}"
+        assert v.ok, f"rank {rank}: dloss {v.dloss} max_grad_diff {v.max_grad_diff} tolerance {v.tolerance}"
         assert set(v) >= {"ok", "tolerance", "loss_ref", "loss_par", "dloss", "params"}
         assert all(set(p) == {"name", "max_abs_diff", "shape"} for p in v["params"])
-    assert replanned[0]["verify_after"]["ok"]
-    assert replanned[0]["verify_resized"]["ok"], "after update_training changed batch and seq_len under pp"
-    assert replanned[0]["verify"]["loss_ref"] == pytest.approx(replanned[1]["verify"]["loss_ref"])
+    assert replanned[0]["verify_after"].ok
+    assert replanned[0]["verify_resized"].ok, "after update_training changed batch and seq_len under pp"
+    assert replanned[0]["verify"].loss_ref == pytest.approx(replanned[1]["verify"].loss_ref)
 
 
 def test_verify_under_bf16_autocast(replanned_all):
     v = replanned_all[0]["bf16"]
-    assert v["ok"] and v["tolerance"] == {"loss": 1e-2, "grad": 1e-2}, {k: v[k] for k in ("dloss", "max_grad_diff")}
+    assert v.ok and v.tolerance == {"loss": 1e-2, "grad": 1e-2}, (v.dloss, v.max_grad_diff)

@@ -36,7 +36,7 @@ def test_start_and_stop_leave_nothing_behind(n):
     assert s.world_size == n
     assert s.run(lambda: __import__("torch.distributed").distributed.get_world_size()) == [n] * n
     pids, ports = pool_footprint(s)
-    profile_dir = s._pool.profile_dir
+    profile_dir = s.ranks.pool.profile_dir
     assert len(pids) >= n + 1 and ports
     s.stop()
     assert_gone(pids, ports)
@@ -49,7 +49,7 @@ def test_killed_client_leaves_no_orphans(tmp_path):
         import json, sys, time
         from interactive_parallel import Session
         s = Session(ranks=2)
-        pids = s._pool.process_tree() + [s._pool._leash.pid]
+        pids = s.ranks.pool.process_tree() + [s.ranks.pool._leash.pid]
         print(json.dumps(pids), flush=True)
         time.sleep(600)
     """))
@@ -111,7 +111,7 @@ def test_training_lowers_loss_and_generate_returns_strings(session4):
 
 def _spy_untouched(s, monkeypatch):
     calls = []
-    monkeypatch.setattr(s._caller, "submit", lambda *a, **k: calls.append(a) or pytest.fail("rank touched"))
+    monkeypatch.setattr(s.ranks.caller, "submit", lambda *a, **k: calls.append(a) or pytest.fail("rank touched"))
     return calls
 
 
@@ -243,7 +243,7 @@ def test_driving_ranks_never_imports_torch_in_the_client(tmp_path):
             s.memory(); s.comms(); s.layout(); s.timeline(); s.verify()
             s.apply(Plan(tp=2, batch_size=4, seq_len=16)); s.train(steps=1); s.layout()
             s.report(sys.argv[1])
-            s.panel()
+            import interactive_parallel; interactive_parallel.panel(s)
         print("TORCH" if "torch" in sys.modules else "CLEAN")
     """))
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "r.html")], capture_output=True,

@@ -11,6 +11,7 @@ import pytest
 
 from interactive_parallel import Plan
 from interactive_parallel.cluster import SessionError
+from interactive_parallel.records import VerifyReport, from_dict
 from interactive_parallel.runtime import api
 
 pytestmark = pytest.mark.session
@@ -45,10 +46,11 @@ def test_verify_report_under_a_2d_plan(session4):
     s.apply(Plan(dp=2, tp=2, batch_size=8, seq_len=32))
     s.train(steps=1)
     report = s.verify()
-    assert report.ok and report["ok"] and report.dloss < report.tolerance["loss"]
-    names = {p["name"] for p in report.params}
+    assert isinstance(report, VerifyReport) and report.ok and report.dloss < report.tolerance["loss"]
+    names = {p.name for p in report.params}
     assert "model.layers.0.self_attn.q_proj.weight" in names and len(names) > 10
     assert "MISMATCH" not in str(report) and "q_proj" in str(report)
+    assert from_dict(report.to_dict()) == report  # nested ParamDiff records come back as records
 
 
 def test_checkpoint_saved_under_one_plan_loads_under_another(session4, tmp_path):

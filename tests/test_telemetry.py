@@ -50,11 +50,13 @@ def ledger_and_commdebugmode() -> tuple[dict, dict]:
     """One training step under CommDebugMode: (our ledger's count per op, CommDebugMode's)."""
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.train import train_step
 
+    st = state.get()
     with CommDebugMode() as cdm:
-        records = api.train_step()
-    ours = collections.Counter(d["op"] for d in records if d["kind"] == "comm")
+        rec = train_step(st.parallel, st.optimizer, st.step, rank=st.rank)
+    ours = collections.Counter(c.op for c in rec.comms)
     theirs: collections.Counter = collections.Counter()
     for op, n in cdm.get_comm_counts().items():
         name = str(op).split(".")[-1]
@@ -151,15 +153,15 @@ MEMORY_PLANS = [
 @pytest.mark.parametrize("degrees", MEMORY_PLANS)
 def test_memory_equals_prediction(session4, degrees):
     _run(session4, Plan(**degrees, **BASE))
-    mem = session4.memory()
-    pred = {p.rank: p for p in mem.predicted}
+    mem, predicted = session4.memory(), session4.predict_memory()
+    pred = {p.rank: p for p in predicted}
     assert sorted(m.rank for m in mem) == [0, 1, 2, 3]
     for m in mem:
         p = pred[m.rank]
         assert (m.params, m.grads, m.optimizer) == (p.params, p.grads, p.optimizer), m
         assert p.activations / ACT_FACTOR <= m.activations <= p.activations * ACT_FACTOR, (m, p)
         assert m.rss > 0
-    assert session4.predict_memory(session4.plan) == mem.predicted
+    assert session4.predict_memory(session4.plan) == predicted
 
 
 # ---------------------------------------------------------------- layout
@@ -195,7 +197,7 @@ def test_figures_and_report_from_recorded_data(session4, tmp_path):
 
     _run(session4, Plan(dp=2, pp=2, **BASE))
     mem, comms, tl, shards = session4.memory(), session4.comms(), session4.timeline(), session4.layout()
-    names = [t.name for t in memory_figure(mem, mem.predicted).data]
+    names = [t.name for t in memory_figure(mem, session4.predict_memory()).data]
     assert {"params", "grads", "optimizer", "activations", "params (predicted)"} <= set(names)
     assert {t.name for t in timeline_figure([r for r in tl if isinstance(r, CommRecord)],
                                             [r for r in tl if isinstance(r, PipelineEvent)]).data} >= \
@@ -203,7 +205,7 @@ def test_figures_and_report_from_recorded_data(session4, tmp_path):
     assert {t.name for t in pipeline_figure(tl).data} == {"F: forward", "B: backward"}
     assert sum(map(sum, comm_matrix_figure(comms).data[0].z)) > 0
     assert len(sharding_figure(shards, "lm_head.weight").data) >= 1
-    figs = figures_from_records([r.to_dict() for r in session4.records()])
+    figs = figures_from_records(session4.records())
     assert {"loss", "throughput", "memory", "comm_matrix", "comm_breakdown", "timeline", "pipeline"} <= set(figs)
     assert any(k.startswith("sharding-") for k in figs)
     html = open(session4.report(str(tmp_path / "r.html")), encoding="utf-8").read()

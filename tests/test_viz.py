@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 import pytest
 from plotly.offline import get_plotlyjs
 
-from interactive_parallel.records import CommRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
+from interactive_parallel.records import CommRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord, from_dict
 from interactive_parallel.viz import (
     EMPTY_TEXT, bubble_fractions, comm_breakdown, comm_breakdown_figure, comm_matrix, comm_matrix_figure,
     figures_from_records, layout_table, loss_figure, memory_figure, pipeline_figure, shard_regions,
@@ -111,19 +111,22 @@ def test_empty_input_gives_empty_state(func, make):
 
 
 @pytest.mark.parametrize("func,make", FIGURES, ids=[f.__name__ for f, _ in FIGURES])
-def test_dicts_work_like_records(func, make):
-    from_records, from_dicts = func(make()), func(dicts(make()))
-    assert len(from_records.data) > 0
-    assert from_records.to_dict() == from_dicts.to_dict()
-    assert from_records.layout.title.text
-    assert any(ax.title.text for ax in from_records.select_xaxes())  # axis labels
-    assert any(ax.title.text for ax in from_records.select_yaxes()) or func is sharding_figure
+def test_records_draw_and_dicts_are_refused(func, make):
+    fig = func(make())
+    assert len(fig.data) > 0
+    assert fig.layout.title.text
+    assert any(ax.title.text for ax in fig.select_xaxes())  # axis labels
+    assert any(ax.title.text for ax in fig.select_yaxes()) or func is sharding_figure
+    with pytest.raises(TypeError, match="from_dict"):
+        func(dicts(make()))
+    # a file's dicts, read back through the one from_dict, draw the same figure
+    assert func([from_dict(d) for d in dicts(make())]).to_dict() == fig.to_dict()
 
 
 def test_wrong_kind_raises_and_mixed_lists_are_filtered():
     with pytest.raises(TypeError, match="'step'"):
         loss_figure(make_memory())
-    mixed = dicts(make_steps()) + dicts(make_memory())
+    mixed = make_steps() + make_memory()
     assert names(loss_figure(mixed)) == names(loss_figure(make_steps()))
 
 
@@ -186,7 +189,7 @@ def test_memory_stacks_equal_latest_bytes():
 
 
 def test_memory_predicted_beside_measured():
-    predicted = [{"rank": r, "params": MiB, "grads": MiB, "optimizer": 2 * MiB} for r in range(4)]
+    predicted = [MemoryRecord(rank=r, step=-1, params=MiB, grads=MiB, optimizer=2 * MiB) for r in range(4)]
     fig = memory_figure(make_memory(), predicted=predicted)
     assert len(fig.data) == 8
     assert {t.offsetgroup for t in fig.data[:4]} == {"measured"}
@@ -217,7 +220,7 @@ def test_comm_matrix_convention_and_total():
 
 
 def test_comm_breakdown_by_axis_and_op():
-    sums = comm_breakdown(dicts(make_comms()))
+    sums = comm_breakdown(make_comms())
     assert sums == {("dp", "all_reduce"): 1200, ("pp", "send"): 64, ("pp", "recv"): 32}
     fig = comm_breakdown_figure(make_comms())
     assert fig.layout.barmode == "stack"
@@ -258,7 +261,7 @@ def test_timeline_step_filter_and_untimed_records():
 def test_pipeline_bubble_of_hand_made_1f1b():
     assert bubble_fractions(make_events()) == pytest.approx({0: 0.2, 1: 0.2})
     assert bubble_fractions(make_events(), step=0) == pytest.approx({0: 0.5, 1: 0.5})
-    fig = pipeline_figure(dicts(make_events()))
+    fig = pipeline_figure(make_events())
     assert "step 1" in fig.layout.title.text and "bubble 20.0%" in fig.layout.title.text
     assert names(fig) == ["F: forward", "B: backward"]
     fwd, bwd = fig.data
@@ -298,7 +301,7 @@ def test_sharding_1d_and_flattened_3d():
     assert [(rows, cols) for (rows, cols), _ in regions] == [
         ((0, 2), ((0, 2), (4, 6), (8, 10))), ((0, 2), ((2, 4), (6, 8), (10, 12)))]
     assert [[h.rank for h in holders] for _, holders in regions] == [[0, 2], [1, 3]]
-    fig = sharding_figure(dicts(make_shards()), "w3")
+    fig = sharding_figure(make_shards(), "w3")
     assert list(fig.layout.xaxis.range) == [0, 12]
     assert sum(v is None for v in fig.data[0].x) == 3  # three stripes
 
@@ -309,7 +312,7 @@ def test_sharding_unknown_param():
 
 
 def test_layout_table_is_plain_rows():
-    rows = layout_table(dicts(make_shards()))
+    rows = layout_table(make_shards())
     assert len(rows) == 12
     assert rows[0] == {"param": "layer.bias", "rank": 0, "stage": None, "coords": "dp=0, tp=0",
                        "placements": "dp: Replicate(), tp: Shard(dim=0)", "global_shape": [8],
@@ -321,21 +324,21 @@ def test_layout_table_is_plain_rows():
 
 # ---------------------------------------------------------------- report
 
-def all_dicts():
-    return dicts(make_steps() + make_memory() + make_comms() + make_events() + make_shards())
+def all_records():
+    return make_steps() + make_memory() + make_comms() + make_events() + make_shards()
 
 
 def test_figures_from_records_builds_all_with_data():
-    figs = figures_from_records(all_dicts())
+    figs = figures_from_records(all_records())
     assert list(figs) == ["loss", "throughput", "memory", "comm_matrix", "comm_breakdown", "timeline",
                           "pipeline", "sharding-layer-bias", "sharding-layer-weight", "sharding-w3"]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figs.values())
-    assert list(figures_from_records(dicts(make_steps()))) == ["loss", "throughput"]
+    assert list(figures_from_records(make_steps())) == ["loss", "throughput"]
     assert figures_from_records([]) == {}
 
 
 def test_write_report_sections_and_one_plotlyjs(tmp_path):
-    figs = figures_from_records(all_dicts())
+    figs = figures_from_records(all_records())
     path = write_report(tmp_path / "sub" / "report.html", figs, title="Run <1>",
                         summary_html="<p id='summary'>4 ranks</p>")
     assert path.exists()

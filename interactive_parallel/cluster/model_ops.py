@@ -1,99 +1,235 @@
-"""Session actions on the laid-out model: verify against one process, checkpoints, export.
+"""The model as the client knows it, and every action on it: load, lay out, train, generate,
+verify, checkpoints, export, layout, probes and debug mode.
 
-Owns the client side of verify() (the report and its table), save()/load() (absolute
-paths, a small manifest that names the model, checked before any rank is touched) and
-export_script(). A mixin of Session: it uses the Session's rank calls and its spec/plan,
-and knows nothing of pools or widgets.
+Owns the client's view of the model (spec, plan, debug mode), the checks that refuse bad
+input before any rank is touched, and turning the ranks' streamed records into steps (a
+step is complete when every rank has reported it) that land in the telemetry store and reach
+`on_step` while the ranks keep going. It is the rank set's Relayout hook: after a re-formed
+process group it lays the model out again. Knows nothing of pools, engines or widgets; the
+rank set carries its calls.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
+from ..plan import ModelSpec, Plan, PlanError, check, resolve_model
+from ..records import RecordList, StepRecord, TokenRecord, VerifyReport
 from ..runtime import api
-from ._sync import run_sync
 from .errors import SessionError
+from .rankset import RankSet
+from .telemetry import STEP_COLUMNS, Telemetry
 
 MANIFEST = "interactive_parallel.json"
+TRAINING_KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision")
 
 
 @dataclass
-class VerifyReport:
-    """The current plan against a single-process reference on the same weights and batch."""
-
-    ok: bool
-    """True when |dloss| and every parameter's max |dgrad| are within `tolerance`."""
-    tolerance: dict[str, float]
-    loss_ref: float
-    loss_par: float
-    dloss: float
-    max_grad_diff: float
-    params: list[dict[str, Any]] = field(default_factory=list)
-    """Per parameter: name, shape, max_abs_diff of the gradient (gathered to full tensors)."""
-    plan: str = ""
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], plan: str = "") -> "VerifyReport":
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names}, plan=plan)
-
-    def __getitem__(self, key: str) -> Any:  # report["ok"] as well as report.ok
-        return getattr(self, key)
-
-    def worst(self, n: int = 5) -> list[dict[str, Any]]:
-        return sorted(self.params, key=lambda p: -p["max_abs_diff"])[:n]
-
-    def __str__(self) -> str:
-        head = (f"verify {self.plan or ''}: {'OK' if self.ok else 'MISMATCH'}  "
-                f"loss par {self.loss_par:.6f} ref {self.loss_ref:.6f} |dloss| {self.dloss:.2e} "
-                f"(tol {self.tolerance.get('loss', 0):.0e}); max |dgrad| {self.max_grad_diff:.2e} "
-                f"(tol {self.tolerance.get('grad', 0):.0e})")
-        width = max((len(p["name"]) for p in self.params), default=4)
-        rows = [f"  {p['name']:<{width}}  {str(tuple(p.get('shape', ()))):>14}  {p['max_abs_diff']:.2e}"
-                for p in self.params]
-        return "\n".join([head, f"  {'parameter':<{width}}  {'shape':>14}  max |dgrad|", *rows])
-
-    def _repr_pretty_(self, p, cycle):
-        p.text(str(self))
-
-
 class ModelOps:
-    """verify / save / load / export_script for Session."""
+    """The laid-out model of one session (see the module docstring)."""
 
-    def _laid_out(self):
+    ranks: RankSet
+    telemetry: Telemetry
+    spec: ModelSpec | None = None
+    plan: Plan | None = None
+    debug: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set by interrupt(): the running train/generate stops at the ranks' next boundary."""
+    _kept: list[bool] = field(default_factory=list)
+
+    # ---- checks (no rank touched) ---------------------------------------------------------------
+    def check_plan(self, plan: Plan) -> Plan:
+        problems = []
+        if plan.device != self.ranks.device:
+            problems.append(f"plan device {plan.device!r} != session device {self.ranks.device!r}")
+        try:
+            check(plan, self.ranks.world_size, self.spec)
+        except PlanError as exc:
+            problems = exc.problems + problems
+        if problems:
+            raise PlanError(problems)
+        return plan
+
+    def default_plan(self) -> Plan:
+        return Plan(dp=self.ranks.world_size, device=self.ranks.device)
+
+    def require_model(self) -> ModelSpec:
+        if self.spec is None:
+            raise SessionError("no model loaded: call load_model('tiny-llama') first")
+        return self.spec
+
+    def require_layout(self) -> Plan:
         if self.spec is None or self.plan is None:
             raise SessionError("no model laid out: call load_model(...) and apply(Plan(...)) first")
-        return self._require()
+        return self.plan
 
-    async def verify_async(self) -> VerifyReport:
-        caller = self._laid_out()
-        out = await self._wait_async(caller.submit(api.verify), "verify")
-        return VerifyReport.from_dict(out[0], plan=self.plan.describe())
+    def check_debug_plan(self, plan: Plan | None, turning_on: bool = False) -> None:
+        """DDP segfaults the engines when its group is a DETAIL debug wrapper (measured, torch
+        2.13 CPU: constructing DistributedDataParallel dies with SIGSEGV); refuse it here."""
+        if plan is not None and (self.debug or turning_on) and plan.dp > 1 and plan.world_size == plan.dp:
+            raise SessionError(f"debug mode cannot run plan {plan.describe()}: DDP crashes under "
+                               "TORCH_DISTRIBUTED_DEBUG=DETAIL on this torch; use Plan(fsdp=...) "
+                               "(or dp combined with another axis) while debugging")
 
-    def verify(self) -> VerifyReport:
-        """Loss and per-parameter gradient differences against one process holding the whole
-        model, on the current weights and the current step's batch (no optimizer step)."""
-        return run_sync(self.verify_async())
+    def check_prompts(self, prompts: list, max_new_tokens: Any, temperature: float, top_k: int) -> None:
+        spec = self.require_model()
+        problems = []
+        if not prompts:
+            problems.append("no prompts given")
+        if any(not isinstance(p, str) or not p for p in prompts):
+            problems.append("every prompt must be a non-empty string")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            problems.append(f"max_new_tokens({max_new_tokens}) must be >= 1")
+        elif prompts and all(isinstance(p, str) for p in prompts):
+            longest = max(len(p) for p in prompts)  # one token per character
+            if longest + max_new_tokens > spec.max_positions:
+                problems.append(f"longest prompt({longest}) + max_new_tokens({max_new_tokens}) > "
+                                f"{spec.name} max positions({spec.max_positions})")
+        if temperature <= 0:
+            problems.append(f"temperature({temperature}) must be > 0")
+        if top_k < 0:
+            problems.append(f"top_k({top_k}) must be >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
 
-    async def save_async(self, path: str) -> str:
-        caller = self._laid_out()
+    # ---- laying out -----------------------------------------------------------------------------
+    async def load_model(self, model: Any) -> ModelSpec:
+        spec = resolve_model(model)  # unknown names fail here, before any rank is touched
+        if self.plan is not None:
+            check(self.plan, self.ranks.world_size, spec)
+        await self.ranks.require()
+        await self.ranks.call(api.load_model, (spec,), what="load_model")
+        self.spec = spec
+        self.telemetry.plan_changed()
+        if self.plan is not None:
+            await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+        return spec
+
+    async def apply(self, plan: Plan) -> Plan:
+        self.check_plan(plan)
+        self.check_debug_plan(plan)
+        self.require_model()
+        await self.ranks.require()
+        await self.ranks.call(api.apply_plan, (plan,), what="apply")
+        self.plan = plan
+        self.telemetry.plan_changed()
+        return plan
+
+    # ---- long calls ---------------------------------------------------------------------------------
+    async def train(self, steps: int, on_step: Callable[[list[StepRecord]], None] | None = None,
+                    **knobs: Any) -> RecordList:
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(f"steps({steps}) must be a whole number >= 0")
+        self.require_model()
+        self.stop.clear()
+        base = self.plan or self.default_plan()
+        plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
+        if self.plan is None:
+            await self.apply(plan)
+        elif plan != self.plan:
+            await self.ranks.require()
+            await self.ranks.call(api.update_training, (plan,), what="update_training")
+            self.plan = plan
+        out = RecordList(columns=STEP_COLUMNS)
+        if steps == 0:
+            return out
+        world = self.ranks.world_size
+        waiting: dict[int, dict[int, StepRecord]] = {}
+
+        def complete(batch: list[StepRecord]) -> None:
+            self.telemetry.add_step(batch)
+            out.extend(batch)
+            if on_step is not None:
+                on_step(batch)
+
+        def on_item(rank: int, rec: StepRecord) -> None:
+            step = waiting.setdefault(rec.step, {})
+            step[rank] = rec
+            if len(step) == world:
+                complete([step[r] for r in sorted(step)])
+                del waiting[rec.step]
+
+        try:
+            await self.ranks.stream(api.train, (steps,), on_item, what="train", stop=self.stop)
+        finally:
+            for step in sorted(waiting):  # a failed run: keep what the ranks did report
+                complete([waiting[step][r] for r in sorted(waiting[step])])
+        return out
+
+    def interrupt(self) -> None:
+        self.stop.set()
+        self.ranks.abort()
+
+    async def generate(self, prompts: str | Sequence[str], max_new_tokens: int, *, do_sample: bool = False,
+                       temperature: float = 1.0, top_k: int = 0, seed: int = 0,
+                       on_token: Callable[[TokenRecord], None] | None = None) -> list[str]:
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        self.check_prompts(prompts, max_new_tokens, temperature, top_k)
+        self.stop.clear()
+        if self.plan is None:
+            await self.apply(self.default_plan())
+        options = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, seed=seed)
+
+        def on_item(_rank: int, rec: TokenRecord) -> None:
+            if on_token is not None:
+                on_token(rec)
+
+        parts = await self.ranks.stream(api.generate, (prompts, max_new_tokens, options), on_item,
+                                        what="generate", stop=self.stop)
+        merged: dict[int, str] = {}
+        for part in parts:
+            for i, text in part.items():
+                merged.setdefault(int(i), text)
+        return [merged.get(i, "") for i in range(len(prompts))]
+
+    # ---- looking at the model -------------------------------------------------------------------------
+    async def verify(self) -> VerifyReport:
+        plan = self.require_layout()
+        await self.ranks.require()
+        report = (await self.ranks.call(api.verify, what="verify"))[0]
+        return dataclasses.replace(report, plan=plan.describe())
+
+    async def layout(self) -> RecordList:
+        self.require_layout()
+        if self.telemetry.shards is None:
+            await self.ranks.require()
+            per_rank = await self.ranks.call(api.layout, what="layout")
+            self.telemetry.keep_layout([r for rank_records in per_rank for r in rank_records])
+        return self.telemetry.shards
+
+    async def set_probes(self, flag: bool) -> None:
+        await self.ranks.require()
+        await self.ranks.call(api.set_probes, (bool(flag),), what="set_probes")
+
+    async def set_debug(self, flag: bool) -> None:
+        if flag:
+            self.check_debug_plan(self.plan, turning_on=True)
+        await self.ranks.require()
+        await self.ranks.call(api.set_debug, (bool(flag),), what="set_debug",
+                              timeout=self.ranks.collective_timeout + 10)
+        await self.ranks.form_group()
+        await self.ranks.call(api.restore_debug_carry, what="set_debug")
+        if self.spec is not None and self.plan is not None:
+            await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+        self.debug = bool(flag)
+
+    # ---- files ---------------------------------------------------------------------------------------
+    async def save(self, path: str) -> str:
+        plan = self.require_layout()
         path = os.path.abspath(path)  # the ranks' working directory is not ours
         os.makedirs(path, exist_ok=True)
-        info = await self._wait_async(caller.submit(api.save_checkpoint, (path,)), "save")
-        manifest = {"model": dataclasses.asdict(self.spec), "plan": self.plan.to_dict(),
-                    "tensors": info[0].get("tensors")}
+        await self.ranks.require()
+        info = await self.ranks.call(api.save_checkpoint, (path,), what="save")
+        manifest = {"model": dataclasses.asdict(self.spec), "plan": plan.to_dict(), "tensors": info[0].get("tensors")}
         with open(os.path.join(path, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
         return path
 
-    def save(self, path: str) -> str:
-        """Write the model (each rank its own shards) with torch.distributed.checkpoint."""
-        return run_sync(self.save_async(path))
-
-    async def load_async(self, path: str) -> str:
+    async def load(self, path: str) -> str:
         path = os.path.abspath(path)
         manifest_path = os.path.join(path, MANIFEST)
         if not os.path.isfile(manifest_path):
@@ -103,25 +239,34 @@ class ModelOps:
         if self.spec is not None and saved.get("config") != self.spec.config:
             raise SessionError(f"checkpoint {path} is of model {saved.get('name')!r}, not the loaded "
                                f"{self.spec.name!r}: load_model the same model first")
-        caller = self._laid_out()
-        await self._wait_async(caller.submit(api.load_checkpoint, (path,)), "load")
+        self.require_layout()
+        await self.ranks.require()
+        await self.ranks.call(api.load_checkpoint, (path,), what="load")
         return path
 
-    def load(self, path: str) -> str:
-        """Load weights saved under any plan into the current layout (resharded on load);
-        the optimizer starts fresh."""
-        return run_sync(self.load_async(path))
-
-    def export_script(self, path: str, steps: int = 10) -> str:
-        """Write a standalone `torchrun --nproc_per_node N` script that rebuilds this model,
-        plan and training settings from interactive_parallel.runtime (no ipyparallel)."""
+    def export_script(self, path: str, steps: int) -> str:
         from ..runtime.export import script_text
 
-        if self.spec is None or self.plan is None:
-            raise SessionError("no model laid out: call load_model(...) and apply(Plan(...)) first")
-        text = script_text(self.spec, self.plan, steps, timeout_s=self.collective_timeout)
+        plan = self.require_layout()
+        text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout)
         path = os.path.abspath(path)
         with open(path, "w") as f:
             f.write(text)
         os.chmod(path, 0o755)
         return path
+
+    # ---- Relayout: around a re-formed process group -------------------------------------------------
+    async def before_reform(self, survivors: list[int]) -> None:
+        self._kept = await self.ranks.call(api.snapshot_local, ranks=survivors, what="recover")
+
+    async def after_reform(self) -> None:
+        if self.spec is None or self.plan is None:
+            return
+        shared = all(await self.ranks.call(api.share_carry, (0,), what="recover")) and all(self._kept)
+        if not shared:
+            import warnings
+
+            warnings.warn("the failure left no whole copy of the weights; the model restarts from its seed")
+        await self.ranks.call(api.load_model, (self.spec,), what="load_model")
+        await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+        self.telemetry.plan_changed()

@@ -1,50 +1,65 @@
 """Session: the client's handle on a pool of ranks, from a notebook, a script or the CLI.
 
-Owns the current model and plan as the client knows them and the model actions
-(load_model, apply, train, generate, report, panel). The rank set (pool, rendezvous,
-calls, recovery, doctor, run) is its base `Ranks`; verify/checkpoints/export come from
-`ModelOps` and the views inside the ranks from `TelemetryMixin`. Async at its core:
-each action is an `*_async` coroutine with a blocking twin of the plain name (the names
-workshops type). Bad input is refused here, before any rank is touched. Never imports
-torch at module top: a kernel that only drives ranks stays light.
+Owns the public surface and nothing behind it: a Session composes the rank set (engines,
+process group, calls, recovery: cluster/rankset.py), the telemetry store (every record the
+ranks sent: cluster/telemetry.py) and the model operations (cluster/model_ops.py), and
+declares every attribute in one place. Each remote action is written once as a coroutine
+`name_async`; its blocking twin `name` (what workshops type) is made by `blocking_twins`.
+Bad input is refused before any rank is touched. Never imports torch or widgets: a kernel
+that only drives ranks stays light, and the panel is `interactive_parallel.panel(session)`.
 """
 from __future__ import annotations
 
-import threading
+import atexit
+import weakref
 from typing import Any, Callable, Sequence
 
-from ..plan import ModelSpec, Plan, PlanError, check, resolve_model
-from ..records import RecordList, StepRecord
-from ..runtime import api
-from ._sync import run_sync
+from ..plan import ModelSpec, Plan
+from ..records import CommEstimate, RecordList, StepRecord, TokenRecord, VerifyReport
 from .errors import SessionError
-from .model_ops import ModelOps, VerifyReport  # noqa: F401 - VerifyReport is part of the API
+from .model_ops import ModelOps
 from .pool import AttachedPool, LocalPool, Pool
-from .ranks import Ranks
-from .telemetry import TelemetryMixin
-STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
+from .rankset import RankSet
+from .telemetry import MEMORY_COLUMNS, Telemetry
+from .twins import blocking_twins, run_sync
+
+_LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
+"""Sessions not yet stopped: stopped when the interpreter exits."""
 
 
-class Session(Ranks, ModelOps, TelemetryMixin):
+@blocking_twins
+class Session:
     """Ranks in an ipyparallel pool, each a torch.distributed process, driven from here.
 
     >>> with Session(ranks=4) as s:
     ...     s.load_model("tiny-llama"); s.apply(Plan(dp=4)); s.train(steps=20)
     """
 
+    ranks: RankSet
+    """The engines, their process group and the calls to them (knows no model)."""
+    telemetry: Telemetry
+    """Every record the ranks sent back (steps, probes, layout)."""
+    model: ModelOps
+    """The model as this client knows it (spec, plan) and the actions on it."""
+
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
                  timeout: float = 120.0, collective_timeout: float = 60.0, _pool: Pool | None = None):
-        if not isinstance(ranks, int) or ranks < 1:
+        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
-        self.device, self.threads = device, threads
-        self.timeout, self.collective_timeout = timeout, collective_timeout
-        self.spec: ModelSpec | None = None
-        self.plan: Plan | None = None
-        self.history: RecordList = RecordList(columns=STEP_COLUMNS)
-        self._interrupt = threading.Event()
-        self._init_ranks(_pool or LocalPool(ranks, timeout=timeout), expected=None if _pool else ranks)
+        self.telemetry = Telemetry()
+        self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
+                             collective_timeout=collective_timeout)
+        self.model = ModelOps(self.ranks, self.telemetry)
+        self.ranks.relayout = self.model
+        try:
+            self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout)
+            run_sync(self.ranks.connect(expected=None if _pool else ranks))
+        except BaseException:
+            self.stop()
+            raise
+        _LIVE.add(self)
 
     @classmethod
     def attach(cls, cluster_id: str = "", profile: str | None = None, *, profile_dir: str | None = None,
@@ -56,169 +71,190 @@ class Session(Ranks, ModelOps, TelemetryMixin):
         itself keeps running, as it belongs to whoever started it.
         """
         pool = AttachedPool(cluster_id=cluster_id, profile=profile, profile_dir=profile_dir, url_file=url_file,
-                            ranks=ranks,
-                            timeout=kwargs.get("timeout", 120.0))
+                            ranks=ranks, timeout=kwargs.get("timeout", 120.0))
         return cls(ranks=ranks or len(pool.engine_ids), device=device, _pool=pool, **kwargs)
 
+    # ---- state, read through --------------------------------------------------------------------
+    device = property(lambda self: self.ranks.device, doc="'cpu' (gloo) or 'cuda' (nccl).")
+    world_size = property(lambda self: self.ranks.world_size, doc="Number of ranks.")
+    alive = property(lambda self: self.ranks.alive, doc="False once stopped.")
+    ranks_info = property(lambda self: self.ranks.info, doc="Per rank: host, pid, cores, cuda, engine id.")
+    spec = property(lambda self: self.model.spec, doc="The loaded model's ModelSpec (None: none loaded).")
+    plan = property(lambda self: self.model.plan, doc="The applied Plan (None: none applied).")
+    debug = property(lambda self: self.model.debug, doc="Collective debug mode on (set_debug).")
+    history = property(lambda self: self.telemetry.history, doc="Every StepRecord so far, in order.")
+    timeout = property(lambda self: self.ranks.timeout, doc="Seconds a remote call may take.")
+    collective_timeout = property(lambda self: self.ranks.collective_timeout,
+                                  doc="Seconds any collective may wait before it fails.")
+
+    @property
+    def view(self):
+        """The ipyparallel DirectView of the ranks, in rank order (for %px and your own code)."""
+        if not self.ranks.alive:
+            raise SessionError("the session is stopped")
+        return self.ranks.view
+
     def __repr__(self) -> str:
-        state = "stopped" if self._pool is None else f"{self.world_size} ranks on {self.device}"
+        state = f"{self.world_size} ranks on {self.device}" if self.alive else "stopped"
         model = self.spec.name if self.spec else "no model"
         return f"<Session {state}, {model}, plan {self.plan.describe() if self.plan else 'none'}>"
 
-    async def load_model_async(self, model: Any = "tiny-llama") -> ModelSpec:
-        spec = resolve_model(model)  # unknown names fail here, before any rank is touched
-        if self.plan is not None:
-            check(self.plan, self.world_size, spec)
-        caller = self._require()
-        await self._wait_async(caller.submit(api.load_model, (spec.__dict__,)), "load_model")
-        self.spec = spec
-        if self.plan is not None:
-            await self._wait_async(caller.submit(api.apply_plan, (self.plan.to_dict(),)), "apply")
-        return spec
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Release the ranks: tear down the process group and, for a pool this session started,
+        stop every engine and the controller and delete their files."""
+        self.ranks.stop()
+        _LIVE.discard(self)
 
-    def load_model(self, model: Any = "tiny-llama") -> ModelSpec:
+    close = stop
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose engine is gone (killed, out of memory, crashed); the next call replaces them."""
+        return self.ranks.dead_ranks()
+
+    async def restart_ranks_async(self) -> None:
+        """Replace dead ranks (local pool) or pick up the engines now in the cluster (attached),
+        form a new process group and lay the model out again."""
+        await self.ranks.restart()
+
+    async def doctor_async(self) -> RecordList:
+        """Per rank: host, pid, device, versions, backend, threads; a barrier, a checked
+        all_reduce and a timed one (bandwidth). Printable as a table."""
+        return await self.ranks.doctor()
+
+    async def run_async(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
+        """fn(*args, **kwargs) on every rank (process group ready); the results in rank order."""
+        return await self.ranks.run(fn, *args, timeout=timeout, **kwargs)
+
+    # ---- the model ---------------------------------------------------------------------------------
+    async def load_model_async(self, model: Any = "tiny-llama") -> ModelSpec:
         """A preset name ('tiny-llama', 'small-llama', 'tiny-gpt2'), a local model directory,
         or a transformers config. Random init from the plan's seed unless weights are given."""
-        return run_sync(self.load_model_async(model))
+        return await self.model.load_model(model)
 
     def check_plan(self, plan: Plan) -> Plan:
         """The plan as this session would run it, or PlanError listing every problem."""
-        problems = []
-        if plan.device != self.device:
-            problems.append(f"plan device {plan.device!r} != session device {self.device!r}")
-        try:
-            check(plan, self.world_size, self.spec)
-        except PlanError as exc:
-            problems = exc.problems + problems
-        if problems:
-            raise PlanError(problems)
-        return plan
+        return self.model.check_plan(plan)
 
     async def apply_async(self, plan: Plan) -> Plan:
-        self.check_plan(plan)
-        if getattr(self, "debug", False):
-            self._check_debug_plan(plan)  # DDP dies under the debug wrapper (telemetry.py)
-        if self.spec is None:
-            raise SessionError("no model loaded: call load_model('tiny-llama') first")
-        caller = self._require()
-        await self._wait_async(caller.submit(api.apply_plan, (plan.to_dict(),)), "apply")
-        self.plan = plan
-        return plan
-
-    def apply(self, plan: Plan) -> Plan:
         """Lay the model out under `plan` on the live ranks; the weights carry over."""
-        return run_sync(self.apply_async(plan))
-
-    def _training_plan(self, changes: dict[str, Any]) -> Plan:
-        if self.spec is None:
-            raise SessionError("no model loaded: call load_model('tiny-llama') first")
-        base = self.plan or Plan(dp=self.world_size, device=self.device)
-        return self.check_plan(base.replace(**{k: v for k, v in changes.items() if v is not None}))
+        return await self.model.apply(plan)
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
                           on_step: Callable[[list[StepRecord]], None] | None = None) -> RecordList:
-        if not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"steps({steps}) must be a whole number >= 0")
-        plan = self._training_plan(dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr,
-                                        precision=precision))
-        caller = self._require()
-        if self.plan is None:
-            await self.apply_async(plan)
-        elif plan != self.plan:
-            await self._wait_async(caller.submit(api.update_training, (plan.to_dict(),)), "update_training")
-            self.plan = plan
-        self._interrupt.clear()
-        out = RecordList(columns=STEP_COLUMNS)
-        for _ in range(steps):
-            if self._interrupt.is_set():
-                break
-            per_rank = await self._wait_async(caller.submit(api.train_step), "train_step")
-            records = [StepRecord.from_dict(d) for rank_records in per_rank for d in rank_records
-                       if d.get("kind") == "step"]
-            out.extend(records)
-            self.history.extend(records)
-            self._keep_telemetry(per_rank)  # memory / comm / pipeline records: memory(), comms(), timeline()
-            if on_step is not None:
-                on_step(records)
-        return out
+        """Run `steps` optimizer steps in one call to the ranks; every rank's StepRecords (also in
+        .history), each carrying the memory, comms and compute intervals the probes measured.
 
-    def train(self, steps: int = 1, **kwargs: Any) -> RecordList:
-        """Run `steps` optimizer steps; returns every rank's StepRecords (also in .history).
-
-        Keyword overrides (batch_size, seq_len, grad_accum, lr, precision) change the plan's
-        training knobs, validated before any rank is touched. `interrupt()` stops at the
-        next step boundary."""
-        return run_sync(self.train_async(steps, **kwargs))
-
-    def panel(self=None):  # noqa: N805 - also called on the class: Session.panel() starts from nothing
-        """The JupyterLab control panel for this session (on the class: one whose Cluster section
-        starts a session). Every control calls a public method of this class."""
-        from ..widgets import panel
-
-        return panel(self)
+        The records stream back while the ranks train: `on_step(records)` is called as each step
+        completes on every rank. Keyword overrides (batch_size, seq_len, grad_accum, lr, precision)
+        change the plan's training knobs, validated before any rank is touched. `interrupt()`
+        ends every rank at the same step boundary. A rank that raises gives a RankError naming
+        it; the steps done before it are kept."""
+        return await self.model.train(steps, on_step, batch_size=batch_size, seq_len=seq_len,
+                                      grad_accum=grad_accum, lr=lr, precision=precision)
 
     def interrupt(self) -> None:
-        """Stop a running train() at the next step boundary (safe from another thread)."""
-        self._interrupt.set()
+        """Stop a running train() or generate() at the ranks' next boundary (safe from any thread)."""
+        self.model.interrupt()
 
     async def generate_async(self, prompts: str | Sequence[str], max_new_tokens: int = 16, *,
-                             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
-                             seed: int = 0) -> list[str]:
-        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        self._check_prompts(prompts, max_new_tokens, temperature, top_k)
-        if self.plan is None:
-            await self.apply_async(Plan(dp=self.world_size, device=self.device))
-        caller = self._require()
-        options = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, seed=seed)
-        parts = await self._wait_async(caller.submit(api.generate, (prompts, max_new_tokens, options)), "generate")
-        merged: dict[int, str] = {}
-        for part in parts:
-            for i, text in part.items():
-                merged.setdefault(int(i), text)
-        return [merged[i] for i in range(len(prompts))]
+                             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
+                             on_token: Callable[[TokenRecord], None] | None = None) -> list[str]:
+        """Completions (strings) of one prompt or a list; greedy unless do_sample=True.
+        `on_token(record)` receives each prompt's new text as the ranks decode it."""
+        return await self.model.generate(prompts, max_new_tokens, do_sample=do_sample, temperature=temperature,
+                                         top_k=top_k, seed=seed, on_token=on_token)
 
-    def generate(self, prompts: str | Sequence[str], max_new_tokens: int = 16, **kwargs: Any) -> list[str]:
-        """Completions (strings) of one prompt or a list; greedy unless do_sample=True."""
-        return run_sync(self.generate_async(prompts, max_new_tokens, **kwargs))
+    async def verify_async(self) -> VerifyReport:
+        """Loss and per-parameter gradient differences against one process holding the whole
+        model, on the current weights and the current step's batch (no optimizer step)."""
+        return await self.model.verify()
 
-    def _check_prompts(self, prompts: list[str], max_new_tokens: int, temperature: float, top_k: int) -> None:
-        problems = []
-        if self.spec is None:
-            raise SessionError("no model loaded: call load_model('tiny-llama') first")
-        if not prompts:
-            problems.append("no prompts given")
-        if any(not isinstance(p, str) or not p for p in prompts):
-            problems.append("every prompt must be a non-empty string")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            problems.append(f"max_new_tokens({max_new_tokens}) must be >= 1")
-        elif prompts and all(isinstance(p, str) for p in prompts):
-            longest = max(len(p) for p in prompts)  # one token per character
-            if longest + max_new_tokens > self.spec.max_positions:
-                problems.append(f"longest prompt({longest}) + max_new_tokens({max_new_tokens}) > "
-                                f"{self.spec.name} max positions({self.spec.max_positions})")
-        if temperature <= 0:
-            problems.append(f"temperature({temperature}) must be > 0")
-        if top_k < 0:
-            problems.append(f"top_k({top_k}) must be >= 0")
-        if problems:
-            raise ValueError("; ".join(problems))
+    async def save_async(self, path: str) -> str:
+        """Write the model (each rank its own shards) with torch.distributed.checkpoint."""
+        return await self.model.save(path)
+
+    async def load_async(self, path: str) -> str:
+        """Load weights saved under any plan into the current layout (resharded on load)."""
+        return await self.model.load(path)
+
+    def export_script(self, path: str, steps: int = 10) -> str:
+        """Write a standalone `torchrun --nproc_per_node N` script that rebuilds this model,
+        plan and training settings from interactive_parallel.runtime (no ipyparallel)."""
+        return self.model.export_script(path, steps)
+
+    # ---- inside the ranks ----------------------------------------------------------------------------
+    def memory(self) -> RecordList:
+        """Per rank, bytes of params / grads / optimizer state / activation peak measured in the
+        latest step (no remote call); `predict_memory()` gives the estimate beside it."""
+        return self.telemetry.memory()
+
+    def comms(self, steps: int | None = None) -> RecordList:
+        """Every collective and p2p op each rank issued in the latest step (or the last `steps`
+        steps): op, bytes (full-buffer convention), dtype, mesh axis, group, peer, start/end."""
+        return self.telemetry.comms(steps)
+
+    def timeline(self, steps: int | None = None) -> RecordList:
+        """Comm intervals (CommRecords) and compute intervals (PipelineEvents: forward /
+        backward per stage and microbatch) of the latest step (or the last `steps`)."""
+        return self.telemetry.timeline(steps)
+
+    async def layout_async(self) -> RecordList:
+        """Per parameter and rank: placements, mesh coordinates, pipeline stage and the
+        [start, stop) index ranges of the full tensor the rank holds."""
+        return await self.model.layout()
+
+    def predict_memory(self, plan: Plan | None = None) -> RecordList:
+        """Predicted MemoryRecords per rank (step -1) for `plan` (default: the current one);
+        needs no rank to have run it."""
+        from ..plan.estimate import predict_memory
+
+        spec = self.model.require_model()
+        return RecordList(predict_memory(spec, plan or self.plan or self.model.default_plan()),
+                          columns=MEMORY_COLUMNS[:-1])
+
+    def predict_comms(self, plan: Plan | None = None) -> RecordList:
+        """Predicted bytes per step per (op, mesh axis) on rank 0 (plan/estimate)."""
+        from ..plan.estimate import predict_comms
+
+        spec = self.model.require_model()
+        rows = predict_comms(spec, plan or self.plan or self.model.default_plan())
+        return RecordList([r if isinstance(r, CommEstimate) else CommEstimate(rank=0, **r) for r in rows])
+
+    async def set_probes_async(self, flag: bool) -> None:
+        """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""
+        await self.model.set_probes(flag)
+
+    async def set_debug_async(self, flag: bool = True) -> None:
+        """Re-form the process group with TORCH_DISTRIBUTED_DEBUG=DETAIL (or back to OFF): a
+        collective whose shapes differ across ranks then raises an error naming the ranks, op
+        and shapes instead of aborting the engines. Slower collectives; the weights carry over,
+        the optimizer state and step count restart."""
+        await self.model.set_debug(flag)
 
     def records(self) -> list:
-        """Every record the session holds, for reports: steps so far, plus whatever the
-        telemetry views return."""
-        out = list(self.history)
-        for view in ("memory", "comms", "layout", "timeline"):
-            fn = getattr(self, view, None)
-            if fn is not None and self.plan is not None:
-                out += [r for r in fn() if not any(r is o for o in out)]  # comms() and timeline() overlap
-        return out
+        """Every record the session holds (steps, the latest step's probe records, the layout)."""
+        return self.telemetry.records()
 
     def report(self, path: str = "report.html", *, title: str = "interactive_parallel report") -> str:
         """Every figure of this session in one standalone HTML file."""
         from ..viz import figures_from_records, write_report
 
-        figures = figures_from_records([r.to_dict() for r in self.records()])
+        if self.plan is not None and self.alive and self.ranks.running is None:
+            self.layout()
         summary = (f"<p>{self.world_size} ranks on {self.device}; model {self.spec.name if self.spec else '-'}; "
                    f"plan {self.plan.describe() if self.plan else '-'}; {len(self.history)} step records</p>")
-        return str(write_report(path, figures, title=title, summary_html=summary))
+        return str(write_report(path, figures_from_records(self.records()), title=title, summary_html=summary))
+
+
+@atexit.register
+def _stop_all() -> None:
+    for s in list(_LIVE):
+        s.stop()

@@ -1,9 +1,12 @@
-"""The rank-side entry points: plain data in, plain data (record dicts) out.
+"""The rank-side entry points: plans, specs and records in, records out.
 
-Owns what the client (or a torchrun script) can ask a rank to do, each a module-level
-function so ipyparallel ships it by reference. Knows nothing of ipyparallel itself:
-every function here also runs in a plain process. Imports torch only inside functions,
-so the client can import this module (to name the functions) without loading torch.
+Owns what the client (or a torchrun script, or a test) can ask a rank to do, each a
+module-level function so ipyparallel ships it by reference. Long calls (`train`,
+`generate`) hand each record to runtime.channel as it happens and stop when the ranks
+agree to; with no channel hooks installed they return their records at the end. Knows
+nothing of ipyparallel itself: every function here also runs in a plain process. Imports
+torch only inside functions, so the client can import this module (to name the functions)
+without loading torch.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import socket
 from typing import Any
 
 from ..plan import ModelSpec, Plan
+from ..records import RankInfo, ShardRecord, StepRecord, TokenRecord, VerifyReport
 from . import state as _state
 
 
@@ -27,23 +31,11 @@ def identify() -> dict[str, Any]:
             "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0}
 
 
-def setup(rank: int, world_size: int, local_rank: int, local_world_size: int, threads: int | None = None,
-          namespace: dict | None = None) -> dict[str, Any]:
+def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
+          threads: int | None = None) -> dict[str, Any]:
     from . import dist as _dist
 
-    info = _dist.set_identity(rank, world_size, local_rank, local_world_size, threads)
-    if namespace is not None:
-        _seed_namespace(namespace)
-    return info
-
-
-def _seed_namespace(ns: dict) -> None:
-    """Names a %%px cell finds ready on every rank."""
-    import torch
-    import torch.distributed as tdist
-
-    st = _state.get()
-    ns.update(torch=torch, dist=tdist, rank=st.rank, world_size=st.world_size, local_rank=st.local_rank)
+    return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads)
 
 
 def master_endpoint(loopback: bool) -> tuple[str, int]:
@@ -86,73 +78,124 @@ def snapshot_local() -> bool:
     return True
 
 
-def doctor(engine_id: int) -> dict[str, Any]:
+def share_carry(src: int = 0) -> bool:
+    """Give every rank the weights `src` kept with snapshot_local (a replaced rank has none)."""
+    import torch.distributed as dist
+
+    st = _state.get()
+    box = [st.extra.get("carry") if st.rank == src else None]
+    dist.broadcast_object_list(box, src=src)
+    if box[0] is None:
+        st.extra.pop("carry", None)
+        return False
+    st.extra["carry"] = box[0]
+    return True
+
+
+def doctor(engine_id: int) -> RankInfo:
     from .doctor import check
 
     return check(engine_id)
 
 
-def load_model(spec: dict[str, Any]) -> dict[str, Any]:
+def load_model(spec: ModelSpec) -> str:
     st = _state.get()
     st.reset_model()
-    st.spec = ModelSpec(**spec)
-    st.extra.pop("state_dict", None)
-    return {"rank": st.rank, "model": st.spec.name}
+    st.spec = spec
+    return spec.name
 
 
-def apply_plan(plan: dict[str, Any]) -> dict[str, Any]:
-    """Lay the current logical model out under `plan`; the weights carry over from the old layout."""
+def apply_plan(plan: Plan) -> dict[str, int]:
+    """Lay the current logical model out under `plan`; the weights carry over from the old layout.
+    Returns this rank's mesh coordinates."""
+    from . import dist as _dist
     from .parallelize import parallelize
     from .train import make_optimizer, make_scaler
 
     st = _state.get()
     if st.spec is None:
-        raise RuntimeError("no model loaded: call load_model first")
-    from . import dist as _dist
-
-    new = Plan.from_dict(plan)
+        raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
     weights = st.parallel.full_state_dict() if st.parallel is not None else st.extra.pop("carry", None)
     st.parallel = st.model = st.optimizer = None
-    device = _dist.torch_device(new.device, st.local_rank)
-    st.parallel = parallelize(st.spec, new, state_dict=weights, device=device)
-    st.model, st.plan, st.mesh = st.parallel.model, new, st.parallel.mesh
+    device = _dist.torch_device(plan.device, st.local_rank)
+    st.parallel = parallelize(st.spec, plan, state_dict=weights, device=device)
+    st.model, st.plan, st.mesh = st.parallel.model, plan, st.parallel.mesh
     st.optimizer = make_optimizer(st.parallel)
-    st.scaler = make_scaler(new)
-    return {"rank": st.rank, "plan": new.describe(), "coords": {str(k): v for k, v in st.parallel.coords.items()}}
+    st.scaler = make_scaler(plan)
+    return {str(k): v for k, v in st.parallel.coords.items()}
 
 
-def update_training(plan: dict[str, Any]) -> None:
+def update_training(plan: Plan) -> None:
     """Change knobs that need no re-layout (batch size, sequence length, lr, accumulation)."""
     from .train import make_scaler
 
-    st = _state.get()
+    st = _require_plan()
     old = st.plan
-    st.plan = st.parallel.plan = Plan.from_dict(plan)
+    st.plan = st.parallel.plan = plan
     for group in st.optimizer.param_groups:
-        group["lr"] = st.plan.lr
-    if st.plan.precision != old.precision:
-        st.scaler = make_scaler(st.plan)
+        group["lr"] = plan.lr
+    if plan.precision != old.precision:
+        st.scaler = make_scaler(plan)
 
 
-def train_step() -> list[dict[str, Any]]:
+def train(steps: int) -> list[StepRecord]:
+    """Run up to `steps` optimizer steps; each StepRecord goes to runtime.channel as its step
+    ends. Before every step the ranks agree whether to stop (one tiny collective), so all of
+    them stop at the same boundary. Returns the records no channel took (all of them when no
+    driver listens)."""
+    from . import channel
     from .train import train_step as _step
 
-    st = _state.get()
-    if st.parallel is None:
-        raise RuntimeError("no plan applied: call apply_plan first")
-    rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
-    st.step += 1
-    return [rec.to_dict(), *getattr(rec, "telemetry", [])]  # step, then memory / comm / pipeline dicts
+    st = _require_plan()
+    kept = []
+    for _ in range(steps):
+        if channel.agree_stop(st.parallel.device):
+            break
+        rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
+        st.step += 1
+        if not channel.emit(rec):
+            kept.append(rec)
+    return kept
 
 
-def layout() -> list[dict[str, Any]]:
-    """ShardRecord dicts: which index ranges of each parameter this rank holds."""
+def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> dict[int, str]:
+    """Completions of this rank's share of `prompts`, keyed by prompt index.
+
+    Data-parallel ranks split the prompts round-robin (inference scales out the same way
+    training does); every rank runs the same number of rows so sharded forwards stay in step.
+    One rank per replica (tp, pp and cp coordinates 0) streams each decoding step's new text
+    as TokenRecords; before every step the ranks agree whether to stop.
+    """
+    import time
+
+    from . import channel
+    from .generate import generate as _generate
+
+    st = _require_plan()
+    par = st.parallel
+    mine = list(range(par.data_index, len(prompts), par.data_count))
+    rows = -(-len(prompts) // par.data_count)
+    padded = [prompts[i] for i in mine] + [prompts[0]] * (rows - len(mine))
+    leader = all(v == 0 for k, v in par.coords.items() if str(k) in ("tp", "pp", "cp"))
+
+    def on_step(position: int, pieces: list[str], done: list[bool]) -> bool:
+        if leader and channel.streaming():
+            now = time.time()
+            for j, i in enumerate(mine):
+                channel.emit(TokenRecord(rank=st.rank, prompt=i, position=position, text=pieces[j], done=done[j],
+                                         time=now))
+        return channel.agree_stop(par.device)
+
+    texts = _generate(par, padded, max_new_tokens, on_step=on_step, **options)
+    return {i: texts[j] for j, i in enumerate(mine)}
+
+
+def layout() -> list[ShardRecord]:
+    """Which index ranges of each parameter this rank holds."""
     from .probes import shard_records
 
-    st = _state.get()
-    if st.parallel is None:
-        raise RuntimeError("no plan applied: call apply_plan first")
-    return [r.to_dict() for r in shard_records(st.parallel, st.rank)]
+    st = _require_plan()
+    return shard_records(st.parallel, st.rank)
 
 
 def set_probes(flag: bool) -> bool:
@@ -184,36 +227,14 @@ def restore_debug_carry() -> bool:
     return carry is not None
 
 
-def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> dict[int, str]:
-    """Completions of this rank's share of `prompts`, keyed by prompt index.
-
-    Data-parallel ranks split the prompts round-robin (inference scales out the same way
-    training does); every rank runs the same number of rows so sharded forwards stay in step.
-    """
-    from .generate import generate as _generate
-
-    st = _state.get()
-    if st.parallel is None:
-        raise RuntimeError("no plan applied: call apply_plan first")
-    par = st.parallel
-    mine = list(range(par.data_index, len(prompts), par.data_count))
-    rows = -(-len(prompts) // par.data_count)
-    padded = [prompts[i] for i in mine] + [prompts[0]] * (rows - len(mine))
-    texts = _generate(par, padded, max_new_tokens, **options)
-    return {i: texts[j] for j, i in enumerate(mine)}
-
-
 def full_state_dict() -> dict[str, Any]:
     """Full weights as CPU tensors (a collective under sharded plans)."""
-    return _state.get().parallel.full_state_dict()
+    return _require_plan().parallel.full_state_dict()
 
 
-def verify(step: int | None = None) -> dict[str, Any]:
-    """The applied plan vs a single-process reference on the same weights and batch (a collective).
-
-    Returns {ok, tolerance: {loss, grad}, loss_ref, loss_par, dloss, max_grad_diff,
-    params: [{name, max_abs_diff, shape}]}; the same dict on every rank. No optimizer step.
-    """
+def verify(step: int | None = None) -> VerifyReport:
+    """The applied plan vs a single-process reference on the same weights and batch (a
+    collective); the same report on every rank. No optimizer step."""
     from .verify import verify as _verify
 
     st = _require_plan()
@@ -246,17 +267,3 @@ def _require_plan():
     if st.parallel is None:
         raise RuntimeError(f"rank {st.rank}: no plan applied: call apply_plan first")
     return st
-
-
-def share_carry(src: int = 0) -> bool:
-    """Give every rank the weights `src` kept with snapshot_local (a replaced rank has none)."""
-    import torch.distributed as dist
-
-    st = _state.get()
-    box = [st.extra.get("carry") if st.rank == src else None]
-    dist.broadcast_object_list(box, src=src)
-    if box[0] is None:
-        st.extra.pop("carry", None)
-        return False
-    st.extra["carry"] = box[0]
-    return True

@@ -32,11 +32,11 @@ def rank_info(engine_id: int = -1) -> RankInfo:
                     world_size=dist.get_world_size() if ready else st.world_size)
 
 
-def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> dict:
+def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> RankInfo:
     info = rank_info(engine_id)
     if not dist.is_initialized():
         info.error = "process group not initialised"
-        return info.to_dict()
+        return info
     st = _state.get()
     device = torch.device("cuda", st.local_rank) if st.device == "cuda" else torch.device("cpu")
     try:
@@ -67,4 +67,4 @@ def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> dict:
         info.bandwidth_gbps = nbytes / min(times) / 1e9
     except Exception as exc:  # noqa: BLE001 - reported in the row, see module docstring
         info.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-    return info.to_dict()
+    return info

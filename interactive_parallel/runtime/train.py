@@ -137,8 +137,7 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
         else:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    rec = StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
-                     tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
-                     plan=plan.describe(), lr=plan.lr)
-    rec.telemetry = probe.records()  # memory / comm / pipeline record dicts; not a field
-    return rec
+    memory, comms, events = probe.records()
+    return StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
+                      tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
+                      plan=plan.describe(), lr=plan.lr, memory=memory, comms=comms, events=events)

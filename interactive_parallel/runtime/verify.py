@@ -10,12 +10,11 @@ of how the plan is laid out: Parallelized gathers full weights and gradients.
 from __future__ import annotations
 
 import math
-from typing import Any
-
 import torch
 import torch.distributed as dist
 
 from ..plan import Plan
+from ..records import ParamDiff, VerifyReport
 from .parallelize import Parallelized, parallelize
 from .train import forward_backward, local_batch
 
@@ -66,7 +65,7 @@ def reference_loss_and_grads(par: Parallelized, weights: dict, step: int) -> tup
     return loss, grads
 
 
-def compare(loss_ref: float, loss_par: float, grads_ref: dict, grads_par: dict, precision: str) -> dict[str, Any]:
+def compare(loss_ref: float, loss_par: float, grads_ref: dict, grads_par: dict, precision: str) -> VerifyReport:
     tol = TOLERANCE.get(precision, TOLERANCE["fp32"])
     params = []
     worst = 0.0
@@ -77,16 +76,18 @@ def compare(loss_ref: float, loss_par: float, grads_ref: dict, grads_par: dict, 
         else:
             diff = float((other.float() - g.float()).abs().max())
         worst = max(worst, diff)
-        params.append({"name": name, "max_abs_diff": diff, "shape": list(g.shape)})
+        params.append(ParamDiff(name=name, shape=list(g.shape), max_abs_diff=diff))
     dloss = abs(loss_par - loss_ref)
     ok = dloss <= tol["loss"] and worst <= tol["grad"]
-    return {"ok": bool(ok), "tolerance": dict(tol), "loss_ref": loss_ref, "loss_par": loss_par, "dloss": dloss,
-            "max_grad_diff": worst, "params": params}
+    return VerifyReport(ok=bool(ok), tolerance=dict(tol), loss_ref=loss_ref, loss_par=loss_par, dloss=dloss,
+                        max_grad_diff=worst, params=params)
 
 
-def verify(par: Parallelized, step: int = 0) -> dict[str, Any]:
+def verify(par: Parallelized, step: int = 0) -> VerifyReport:
     """Loss and every gradient of the plan vs one process, on the batch of `step` (a collective)."""
     weights = par.full_state_dict()
     loss_par, grads_par = loss_and_grads(par, step)
     loss_ref, grads_ref = reference_loss_and_grads(par, weights, step)
-    return compare(loss_ref, loss_par, grads_ref, grads_par, par.plan.precision)
+    report = compare(loss_ref, loss_par, grads_ref, grads_par, par.plan.precision)
+    report.plan = par.plan.describe()
+    return report

@@ -1,4 +1,4 @@
-"""Pure functions from records (or their dicts) to plotly Figures, and an HTML report of them.
+"""Pure functions from records to plotly Figures, and an HTML report of them.
 
 Owns how training, memory, communication, pipeline and sharding records are drawn. Knows nothing
 of torch, ipyparallel or ipywidgets: it is testable without a kernel, and the widgets and the CLI

@@ -1,19 +1,18 @@
 """What every figure in viz/ shares: input normalisation, the empty state, units and colours.
 
-Owns how viz/ accepts its input (records or their dicts, possibly a mixed list that is filtered by
-kind), the empty-state figure and the palette, so that rank 3 has the same colour in every figure.
+Owns how viz/ accepts its input (records, possibly a mixed list that is filtered by kind), the empty-state figure and the palette, so that rank 3 has the same colour in every figure.
 Knows nothing of torch, ipyparallel or widgets, nor of what any one figure shows.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from ..records import RECORD_TYPES, Record
+from ..records import Record
 
 EMPTY_TEXT = "no data yet: train a step"
 MiB = 1024 ** 2
@@ -32,35 +31,28 @@ R = TypeVar("R", bound=Record)
 
 
 def records_of(items: Iterable[Any] | None, cls: type[R]) -> list[R]:
-    """The records of type `cls` in `items` (records or their dicts; None means none).
+    """The records of type `cls` in `items` (None means none).
 
-    A dict without a "kind" key is read as a `cls`. Records of other kinds are dropped, so a
-    mixed list works; a non-empty list holding no `cls` at all is a mistake and raises TypeError.
+    Records of other kinds are dropped, so a mixed list works; a non-empty list holding no `cls`
+    at all is a mistake and raises TypeError, as does anything that is not a record (a dict is
+    read with `records.from_dict` first: viz draws records, not their wire or file form).
     """
     if items is None:
         return []
     out: list[R] = []
     others: set[str] = set()
     for item in items:
-        rec = _to_record(item, cls)
-        if isinstance(rec, cls):
-            out.append(rec)
+        if not isinstance(item, Record):
+            raise TypeError(f"expected {cls.__name__} records, got a {type(item).__name__}"
+                            + (" (read dicts with interactive_parallel.records.from_dict)" if isinstance(item, dict)
+                               else ""))
+        if isinstance(item, cls):
+            out.append(item)
         else:
-            others.add(rec.kind)
+            others.add(item.kind)
     if others and not out:
         raise TypeError(f"expected {cls.kind!r} records ({cls.__name__}), got only {sorted(others)}")
     return out
-
-
-def _to_record(item: Any, cls: type[Record]) -> Record:
-    if isinstance(item, Record):
-        return item
-    if isinstance(item, Mapping):
-        kind = item.get("kind", cls.kind)
-        if kind not in RECORD_TYPES:
-            raise ValueError(f"unknown record kind {kind!r} (known: {sorted(RECORD_TYPES)})")
-        return RECORD_TYPES[kind].from_dict(dict(item))
-    raise TypeError(f"expected a {cls.__name__} or its dict, got {type(item).__name__}")
 
 
 def is_missing(x: Any) -> bool:

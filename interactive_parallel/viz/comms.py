@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -38,7 +37,7 @@ def counted(comms: Iterable[CommRecord]) -> list[CommRecord]:
     return [c for c in comms if not (c.op == "recv" and (c.step, c.peer, c.rank) in sends)]
 
 
-def comm_matrix(comms: Iterable[CommRecord | dict[str, Any]] | None) -> tuple[list[int], list[list[float]]]:
+def comm_matrix(comms: Iterable[CommRecord] | None) -> tuple[list[int], list[list[float]]]:
     """(ranks, matrix) with matrix[i][j] the bytes rank i sent to rank j, by the module's convention.
 
     `ranks` is 0..max rank seen (as issuer, peer or group member), so matrix[i][j] is indexed by rank.
@@ -65,7 +64,7 @@ def comm_matrix(comms: Iterable[CommRecord | dict[str, Any]] | None) -> tuple[li
     return list(range(n)), matrix
 
 
-def comm_matrix_figure(comms: Iterable[CommRecord | dict[str, Any]] | None) -> go.Figure:
+def comm_matrix_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
     """Heatmap of bytes sent from rank (row) to rank (column); see the module docstring for how
     send/recv and collectives are attributed."""
     ranks, matrix = comm_matrix(comms)
@@ -94,7 +93,7 @@ def _axis_order(axes: Iterable[str]) -> list[str]:
     return sorted(set(axes), key=lambda a: (rank.get(a, len(rank)), a))
 
 
-def comm_breakdown(comms: Iterable[CommRecord | dict[str, Any]] | None) -> dict[tuple[str, str], int]:
+def comm_breakdown(comms: Iterable[CommRecord] | None) -> dict[tuple[str, str], int]:
     """(mesh axis, op) -> bytes of the counted records (axis '' reads as 'world')."""
     sums: dict[tuple[str, str], int] = defaultdict(int)
     for c in counted(records_of(comms, CommRecord)):
@@ -102,7 +101,7 @@ def comm_breakdown(comms: Iterable[CommRecord | dict[str, Any]] | None) -> dict[
     return dict(sums)
 
 
-def comm_breakdown_figure(comms: Iterable[CommRecord | dict[str, Any]] | None) -> go.Figure:
+def comm_breakdown_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
     """Stacked bars: x = mesh axis, one trace (colour) per op, height = bytes summed over ranks."""
     sums = comm_breakdown(comms)
     title, xt, yt = "Communication by mesh axis and op", "mesh axis", "bytes"

@@ -6,12 +6,11 @@ estimated (runtime/ probes and plan/ estimates do that), nor of torch, ipyparall
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
-from ..records import MemoryRecord, Record
+from ..records import MemoryRecord
 from ._common import MiB, empty_figure, human_bytes, records_of, styled
 
 COMPONENTS: tuple[str, ...] = ("params", "grads", "optimizer", "activations")
@@ -29,21 +28,8 @@ def latest_per_rank(records: Iterable[MemoryRecord]) -> dict[int, MemoryRecord]:
     return out
 
 
-def _predicted(items: Iterable[Any] | None) -> list[MemoryRecord]:
-    """Predictions may come without `step` or `kind` (an estimate made before any rank ran)."""
-    out = []
-    for item in items or ():
-        if isinstance(item, Record):
-            out.extend(records_of([item], MemoryRecord))
-        elif isinstance(item, Mapping):
-            out.append(MemoryRecord.from_dict({"step": 0, **item}))
-        else:
-            raise TypeError(f"expected a MemoryRecord or its dict, got {type(item).__name__}")
-    return out
-
-
-def memory_figure(memory: Iterable[MemoryRecord | dict[str, Any]] | None,
-                  predicted: Iterable[MemoryRecord | dict[str, Any]] | None = None) -> go.Figure:
+def memory_figure(memory: Iterable[MemoryRecord] | None,
+                  predicted: Iterable[MemoryRecord] | None = None) -> go.Figure:
     """Stacked bars of bytes per rank (axis in MiB), the latest step of each rank.
 
     One trace per component and group: "params", "grads", ... (offsetgroup "measured") and, with
@@ -51,7 +37,7 @@ def memory_figure(memory: Iterable[MemoryRecord | dict[str, Any]] | None,
     component in MiB and its `base` the sum of the components below it; `customdata` holds bytes.
     """
     measured = latest_per_rank(records_of(memory, MemoryRecord))
-    pred = latest_per_rank(_predicted(predicted))
+    pred = latest_per_rank(records_of(predicted, MemoryRecord))
     if not measured and not pred:
         return empty_figure(TITLE, XT, YT)
     fig = go.Figure()

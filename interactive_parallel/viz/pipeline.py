@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -47,7 +46,7 @@ def _select_step(events: list[PipelineEvent], step: int | None) -> tuple[int | N
     return chosen, [e for e in timed if e.step == chosen]
 
 
-def bubble_fractions(events: Iterable[PipelineEvent | dict[str, Any]] | None,
+def bubble_fractions(events: Iterable[PipelineEvent] | None,
                      step: int | None = None, by: str = "rank") -> dict[int, float]:
     """rank (or stage) -> idle fraction in [0, 1] of the step's span, for `step` (None: the
     latest step with timed events).
@@ -79,7 +78,7 @@ def overall_bubble(fractions: dict[int, float]) -> float:
     return sum(fractions.values()) / len(fractions) if fractions else 0.0
 
 
-def pipeline_figure(events: Iterable[PipelineEvent | dict[str, Any]] | None,
+def pipeline_figure(events: Iterable[PipelineEvent] | None,
                     step: int | None = None) -> go.Figure:
     """The schedule of one step (None: the latest): y = stage (one row per rank of the stage when
     several ranks run it), x = time from the step's first event, one bar trace per action ("F:

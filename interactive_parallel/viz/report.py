@@ -12,12 +12,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
 import plotly.graph_objects as go
 
 from ..records import CommRecord, MemoryRecord, PipelineEvent, Record, ShardRecord, StepRecord
-from ._common import _to_record
 from .comms import comm_breakdown_figure, comm_matrix_figure
 from .memory import memory_figure
 from .pipeline import pipeline_figure
@@ -82,15 +80,14 @@ def _sharding_params(shards: list[ShardRecord]) -> list[str]:
     return sorted(set(seen.values()))[:MAX_SHARDING_FIGURES]
 
 
-def figures_from_records(records: Iterable[Record | Mapping[str, Any]] | None) -> dict[str, go.Figure]:
+def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figure]:
     """Every figure the records have data for, keyed for `write_report`: loss, throughput, memory,
     comm_matrix, comm_breakdown, timeline and pipeline (the latest step), and sharding-<param> for one param of each
-    distinct layout. Records of other kinds (RankInfo) are ignored; dicts need their "kind"."""
+    distinct layout. Records of other kinds (RankInfo) are ignored."""
     by_kind: dict[type, list[Record]] = {}
-    for item in records or ():
-        if isinstance(item, Mapping) and "kind" not in item:
-            raise ValueError(f"a record dict needs its 'kind' to be placed: {dict(item)!r:.120}")
-        rec = _to_record(item, Record)
+    for rec in records or ():
+        if not isinstance(rec, Record):
+            raise TypeError(f"expected records, got a {type(rec).__name__} (read dicts with records.from_dict)")
         by_kind.setdefault(type(rec), []).append(rec)
     steps, memory = by_kind.get(StepRecord, []), by_kind.get(MemoryRecord, [])
     comms, events = by_kind.get(CommRecord, []), by_kind.get(PipelineEvent, [])

@@ -42,7 +42,7 @@ def _index(rec: ShardRecord) -> list[tuple[int, int]]:
     return [(0, int(n)) for n in rec.global_shape]
 
 
-def layout_table(shards: Iterable[ShardRecord | dict[str, Any]] | None) -> list[dict[str, Any]]:
+def layout_table(shards: Iterable[ShardRecord] | None) -> list[dict[str, Any]]:
     """One plain row per (param, rank), sorted: param, rank, stage, coords, placements,
     global_shape, local_shape and index (as 'a:b' per dim, e.g. '[0:4, 0:8]')."""
     rows = []
@@ -89,7 +89,7 @@ def region_of(rec: ShardRecord) -> Region:
     return index[0], tuple(_flatten(shape[1:], index[1:]))
 
 
-def shard_regions(shards: Iterable[ShardRecord | dict[str, Any]] | None, param: str) -> list[tuple[Region, list[ShardRecord]]]:
+def shard_regions(shards: Iterable[ShardRecord] | None, param: str) -> list[tuple[Region, list[ShardRecord]]]:
     """[(region, holders)] for `param`: each distinct region with the ranks holding it, by first rank."""
     groups: dict[Region, list[ShardRecord]] = {}
     for r in sorted((r for r in records_of(shards, ShardRecord) if r.param == param), key=lambda r: r.rank):
@@ -105,7 +105,7 @@ def _shape2d(shape: Sequence[int]) -> tuple[int, int]:
     return int(shape[0]), math.prod(int(n) for n in shape[1:])
 
 
-def sharding_figure(shards: Iterable[ShardRecord | dict[str, Any]] | None, param: str | None = None) -> go.Figure:
+def sharding_figure(shards: Iterable[ShardRecord] | None, param: str | None = None) -> go.Figure:
     """A map of the full tensor of `param` (None: the first param by name): one filled trace per
     distinct region (named `rank 0, 2` by its holders), an annotation per region with every
     holding rank and its mesh coordinates."""

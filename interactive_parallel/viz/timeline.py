@@ -8,7 +8,7 @@ widgets. Records never timed (start == end == 0) are left out.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Callable
+from typing import Callable
 
 import plotly.graph_objects as go
 
@@ -36,8 +36,8 @@ def ordered(keys: Iterable[str], order: Iterable[str]) -> list[str]:
     return sorted(set(keys), key=lambda k: (pos.get(k, len(pos)), k))
 
 
-def timeline_figure(comms: Iterable[CommRecord | dict[str, Any]] | None,
-                    pipeline_events: Iterable[PipelineEvent | dict[str, Any]] | None = None,
+def timeline_figure(comms: Iterable[CommRecord] | None,
+                    pipeline_events: Iterable[PipelineEvent] | None = None,
                     steps: int | Iterable[int] | None = None) -> go.Figure:
     """Gantt per rank: one bar trace per comm op (offsetgroup "comm") and per pipeline action
     (offsetgroup "pipeline", bars labelled with the microbatch), side by side in each rank's row.

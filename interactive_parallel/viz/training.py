@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -30,7 +29,7 @@ def _latest_by_rank_step(steps: list[StepRecord]) -> dict[int, dict[int, StepRec
     return out
 
 
-def loss_figure(steps: Iterable[StepRecord | dict[str, Any]] | None) -> go.Figure:
+def loss_figure(steps: Iterable[StepRecord] | None) -> go.Figure:
     """Loss per step: a thin line per rank (`rank N`) and a thick `mean` line over ranks.
 
     NaN or None losses are skipped; a rank that only ever reported NaN gets no trace. The mean of a
@@ -64,7 +63,7 @@ def loss_figure(steps: Iterable[StepRecord | dict[str, Any]] | None) -> go.Figur
     return styled(fig, title, xt, yt, hovermode="closest", legend_title_text="")
 
 
-def throughput_figure(steps: Iterable[StepRecord | dict[str, Any]] | None) -> go.Figure:
+def throughput_figure(steps: Iterable[StepRecord] | None) -> go.Figure:
     """Two stacked subplots sharing the step axis: step time (s) on top, tokens/s below, per rank.
 
     tokens/s of a rank is its own `tokens / time_s` (its share of the batch), not the global rate.

@@ -5,7 +5,7 @@ tiny-llama step, see bench/bench_probes.py) and the one entry point train_step u
 
     with probes.step(par, optimizer, step, rank) as p:
         ...the step...
-    p.records()  # MemoryRecord, CommRecord and PipelineEvent dicts of the step
+    p.records()  # (MemoryRecord, [CommRecord], [PipelineEvent]) of the step
 
 Knows nothing of the client or of how records travel; each submodule says what it
 measures and what it does not know.
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ...records import MemoryRecord
+from ...records import CommRecord, MemoryRecord, PipelineEvent
 from . import comms, memory, pipeline
 from .layout import shard_records
 
@@ -36,7 +36,7 @@ def set_enabled(flag: bool) -> bool:
 
 
 class StepProbe:
-    """What one step left behind; `records()` gives their dicts."""
+    """What one step left behind; `records()` gives them."""
 
     def __init__(self, par, optimizer, step: int, rank: int):
         self.par, self.optimizer, self.step_index, self.rank = par, optimizer, step, rank
@@ -77,13 +77,11 @@ class StepProbe:
     def measures(self) -> bool:
         return self.step_index % MEASURE_EVERY == 0 or self._key() not in self._measured()
 
-    def records(self) -> list[dict]:
+    def records(self) -> tuple[MemoryRecord | None, list[CommRecord], list[PipelineEvent]]:
+        """(memory, comms, compute intervals) of the step; (None, [], []) with the probes off."""
         if self.ledger is None:
-            return []
-        out = [self.memory_record().to_dict()]
-        out += [r.to_dict() for r in self.ledger.records]
-        out += [e.to_dict() for e in self.events.events]
-        return out
+            return None, [], []
+        return self.memory_record(), list(self.ledger.records), list(self.events.events)
 
 
 @contextlib.contextmanager

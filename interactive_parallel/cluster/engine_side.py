@@ -1,0 +1,43 @@
+"""What the client installs inside each ipyparallel engine: the rank's channel hooks.
+
+Owns how runtime.channel talks to the client through ipyparallel's own machinery, and nothing
+else. Records go out with `publish_data`, each under a fresh sequence-number key, so the task's
+`data` on the client accumulates them in order (calls.RankCaller.stream reads them). A stop
+request comes in as ipyparallel's `abort` of the task that is running: the engine's control
+thread (which serves while the task runs) adds its message id to the kernel's `aborted` set,
+and the stop source finds it there at the next boundary. Runs on engines only; the client
+imports this module just to name the functions it ships.
+"""
+from __future__ import annotations
+
+import itertools
+
+
+def install() -> bool:
+    """Point runtime.channel at this engine's kernel (idempotent)."""
+    from IPython import get_ipython
+    from ipyparallel.datapub import publish_data
+
+    from ..runtime import channel
+
+    kernel = get_ipython().kernel
+    seq = itertools.count()
+
+    def sink(record) -> None:
+        publish_data({f"{next(seq):012d}": record})
+
+    def stop_source() -> bool:
+        msg_id = kernel.get_parent("shell")["header"]["msg_id"]
+        if msg_id in kernel.aborted:
+            # The request was for this running task; left in the set it would also drop a
+            # future message that happened to reuse the id (ipyparallel skips aborted ids).
+            kernel.aborted.discard(msg_id)
+            _STOPPED.add(msg_id)
+        return msg_id in _STOPPED
+
+    channel.set_sink(sink)
+    channel.set_stop_source(stop_source)
+    return True
+
+
+_STOPPED: set[str] = set()

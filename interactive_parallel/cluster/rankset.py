@@ -1,0 +1,284 @@
+"""The rank set: engines of an ipyparallel pool joined in one torch.distributed process group.
+
+Owns the pool's lifetime (stop leaves nothing behind), the rank assignment (stable, with
+per-host local ranks), the rendezvous, every remote call with its timeout (one long call at
+a time may stream records back and be stopped), and recovery after a failed collective or
+a dead rank: a fresh process group and replacement engines. It knows nothing of models,
+plans or training: whoever lays a model out on the ranks gives it a `Relayout` hook, called
+around every re-formed group. `doctor()` and `run()` live here; never imports torch.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+from ..records import RecordList
+from ..runtime import api
+from . import engine_side
+from .calls import RankCaller, Submitted
+from .errors import RankError, RankTimeout, SessionError
+from .pool import Pool
+
+DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "threads", "torch", "transformers",
+                  "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
+
+
+class Relayout(Protocol):
+    """What a rank set calls around a re-formed process group (the model's owner implements it)."""
+
+    async def before_reform(self, survivors: list[int]) -> None:
+        """While the old group still stands on `survivors`: keep what should outlive it."""
+
+    async def after_reform(self) -> None:
+        """On the new group (replacement ranks included): lay the model out again."""
+
+
+@dataclass
+class RankSet:
+    """Engines in rank order, their process group, and calls to them."""
+
+    pool: Pool | None
+    device: str = "cpu"
+    threads: int | None = None
+    timeout: float = 120.0
+    """Seconds a remote call (or a stretch of a streaming call without progress) may take."""
+    collective_timeout: float = 60.0
+    """Seconds any collective may wait on the ranks before it fails."""
+    relayout: Relayout | None = None
+    info: list[dict] = field(default_factory=list)
+    """Per rank: host, pid, cores, cuda, engine_id, local_rank (from the ranks themselves)."""
+    caller: RankCaller | None = None
+    view: Any = None
+    """The ipyparallel DirectView of the ranks, in rank order (%px reaches them through it)."""
+    running: Submitted | None = None
+    """The streaming call in flight (interrupt() aborts it)."""
+    dirty: bool = False
+    """A call failed with peers possibly left in a collective: re-form the group before the next."""
+    _paths: set[str] = field(default_factory=set)
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def connect(self, expected: int | None = None) -> None:
+        """Assign ranks, set each one up and form the process group (on a new or re-formed pool)."""
+        pool = self.pool
+        ids = pool.engine_ids
+        if expected is not None and len(ids) != expected:
+            raise SessionError(f"pool has {len(ids)} engines, expected {expected}")
+        probe = RankCaller(pool.client, ids)
+        facts = await probe.wait(probe.submit(api.identify), self.timeout, "identify")
+        # Stable order: hosts in order of their lowest engine id, engine ids within a host,
+        # so a host's ranks are contiguous (TP, the innermost mesh axis, stays on one host).
+        hosts = list(dict.fromkeys(f["host"] for f in facts))
+        order = sorted(range(len(ids)), key=lambda i: (hosts.index(facts[i]["host"]), ids[i]))
+        ids, facts = [ids[i] for i in order], [facts[i] for i in order]
+        if self.device == "cuda":
+            short = [f"{f['host']} has {f['cuda']} GPU(s)" for f in facts if f["cuda"] == 0]
+            if short:
+                raise SessionError("device 'cuda' asked for, but " + "; ".join(sorted(set(short))))
+        local: dict[str, int] = {}
+        self.info = []
+        for rank, f in enumerate(facts):
+            self.info.append(dict(f, rank=rank, engine_id=ids[rank], local_rank=local.setdefault(f["host"], 0)))
+            local[f["host"]] += 1
+        if self.device == "cuda":
+            over = [f"{h}: {n} ranks > {min(f['cuda'] for f in facts if f['host'] == h)} GPUs"
+                    for h, n in local.items() if n > min(f["cuda"] for f in facts if f["host"] == h)]
+            if over:
+                raise SessionError("one GPU per local rank needed; " + "; ".join(over))
+        self.caller = RankCaller(pool.client, ids, [f["host"] for f in facts])
+        self.view = pool.client[ids]
+        self.view.block = True  # %px cells show each rank's output when they finish
+        world = len(ids)
+        await self.call(api.setup, per_rank=lambda r: (
+            (r, world, self.info[r]["local_rank"], local[self.info[r]["host"]], self.threads), {}), what="setup")
+        await self.call(engine_side.install, what="setup")
+        await self.call(_define_px_names, what="setup")
+        await self.form_group()
+        if _in_ipython():
+            self.view.activate()  # %px / %%px in this IPython kernel now reach the ranks
+
+    async def form_group(self) -> None:
+        """Rendezvous: rank 0 picks an address and port, every rank joins."""
+        loopback = len({r["host"] for r in self.info}) == 1
+        (addr, port), = await self.call(api.master_endpoint, (loopback,), ranks=[0], what="rendezvous")
+        await self.call(api.init_process_group, (addr, port, self.device, self.collective_timeout),
+                        what="init_process_group", timeout=self.collective_timeout + 10)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.caller.engine_ids) if self.caller else 0
+
+    @property
+    def alive(self) -> bool:
+        return self.pool is not None and self.caller is not None
+
+    def stop(self) -> None:
+        """Release the ranks: tear down the process group and, for a pool we started, stop every
+        engine and the controller and delete their files."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        try:
+            if self.caller is not None and not pool.owned:
+                from .twins import run_sync
+
+                run_sync(self.caller.wait(self.caller.submit(api.teardown), 10, "teardown"))
+        except Exception:  # noqa: BLE001 - stopping must not fail half-way
+            pass
+        finally:
+            self.caller = self.view = None
+            pool.stop()
+
+    # ---- calling ranks ---------------------------------------------------------------------------
+    async def require(self) -> RankCaller:
+        """The caller, after bringing the ranks back into shape if the last call left them out of it."""
+        if self.pool is None or self.caller is None:
+            raise SessionError("the session is stopped")
+        if self.running is not None:
+            raise SessionError("the ranks are busy with a running call (train/generate): interrupt() it "
+                               "or wait for it to finish")
+        if self.caller.pending:
+            stuck = await self.caller.drain(self.collective_timeout + 10)
+            if stuck:
+                raise SessionError(f"rank(s) {stuck} are still busy with an earlier call")
+        dead = self.dead_ranks()
+        if dead:
+            if not self.pool.owned:
+                raise SessionError(f"rank(s) {dead} died; restart their engines in the cluster, then "
+                                   "call restart_ranks()")
+            warnings.warn(f"rank(s) {dead} died; starting replacements")
+            await self.recover(replace=len(dead))
+        elif self.dirty:
+            await self.recover()
+        return self.caller
+
+    async def call(self, fn: Callable, args: Sequence[Any] = (), kwargs: dict | None = None, *,
+                   ranks: Sequence[int] | None = None, per_rank: Callable[[int], tuple[tuple, dict]] | None = None,
+                   what: str = "call", timeout: float | None = None) -> list:
+        """fn on every rank (or `ranks`); the results in rank order. Used on a caller already
+        `require`d (or while connecting)."""
+        caller = self.caller
+        try:
+            return await caller.wait(caller.submit(fn, args, kwargs, ranks=ranks, per_rank=per_rank),
+                                     timeout or self.timeout, what)
+        except (RankError, RankTimeout):
+            self.dirty = bool(caller.pending) or self.dirty
+            raise
+
+    async def stream(self, fn: Callable, args: Sequence[Any], on_item: Callable[[int, Any], None], *,
+                     what: str, timeout: float | None = None, stop: threading.Event | None = None) -> list:
+        """fn on every rank, each record it publishes handed to `on_item(rank, record)` as it comes.
+        `stop`, once set (also before the call reaches the ranks), ends it at the ranks' next boundary."""
+        caller = await self.require()
+        submitted = caller.submit(fn, args)
+        self.running = submitted
+        if stop is not None and stop.is_set():
+            caller.abort(submitted)
+        try:
+            return await caller.stream(submitted, on_item, timeout or self.timeout, what)
+        except (RankError, RankTimeout):
+            self.dirty = bool(caller.pending) or self.dirty
+            raise
+        finally:
+            self.running = None
+
+    def abort(self) -> bool:
+        """Ask the ranks to stop the streaming call at its next boundary; False if none runs."""
+        running = self.running
+        if running is None or self.caller is None:
+            return False
+        self.caller.abort(running)
+        return True
+
+    # ---- failures ----------------------------------------------------------------------------------
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose engine is gone (killed, out of memory, crashed)."""
+        if self.pool is None or self.caller is None or self.pool.client is None:
+            return []
+        alive = set(self.pool.client.ids)
+        return [r for r, eid in enumerate(self.caller.engine_ids) if eid not in alive]
+
+    async def recover(self, replace: int = 0) -> None:
+        """After a failure that may have left collectives half-done, or a dead rank: a fresh
+        process group (with `replace` new engines), the model laid out again by the relayout hook."""
+        self.dirty = False
+        dead = set(self.dead_ranks())
+        survivors = [r for r in range(self.world_size) if r not in dead]
+        if self.relayout is not None:
+            await self.relayout.before_reform(survivors)
+        if replace or dead:
+            self.caller.pending = []
+            if replace:
+                self.pool.add_engines(replace, timeout=self.timeout)
+            await self.connect(expected=None)
+        else:
+            await self.form_group()
+        if self.relayout is not None:
+            await self.relayout.after_reform()
+
+    async def restart(self) -> None:
+        """Replace dead ranks (local pool) or pick up the engines now in the cluster (attached)."""
+        if self.pool is None:
+            raise SessionError("the session is stopped")
+        await self.recover(replace=len(self.dead_ranks()) if self.pool.owned else 0)
+
+    # ---- actions --------------------------------------------------------------------------------
+    async def doctor(self) -> RecordList:
+        caller = await self.require()
+        rows = await self.call(api.doctor, per_rank=lambda r: ((caller.engine_ids[r],), {}), what="doctor",
+                               timeout=self.collective_timeout + 10)
+        return RecordList(rows, columns=DOCTOR_COLUMNS)
+
+    async def run(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
+        await self.require()
+        await self._make_importable(fn)
+        return await self.call(fn, args, kwargs, what=getattr(fn, "__name__", "run"), timeout=timeout)
+
+    async def _make_importable(self, fn: Callable) -> None:
+        """ipyparallel ships a module-level function by reference: its module must import on
+        the ranks. For a function from a local script or test file, put its folder on the
+        ranks' sys.path (once), as a notebook's own functions already travel by value."""
+        module = sys.modules.get(getattr(fn, "__module__", "") or "")
+        path = getattr(module, "__file__", None)
+        if module is None or module.__name__ == "__main__" or not path:
+            return
+        folder = os.path.dirname(os.path.abspath(path))
+        top = module.__name__.split(".")[0]
+        if top in sys.stdlib_module_names or top in _IMPORTABLE or folder in self._paths:
+            return
+        await self.call(_add_sys_path, (folder,), what="sys.path")
+        self._paths.add(folder)
+
+
+_IMPORTABLE = {"interactive_parallel", "torch", "transformers"}
+
+
+def _add_sys_path(folder: str) -> None:
+    import sys
+
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+def _define_px_names() -> None:
+    """Names a %%px cell finds ready on every rank: torch, dist, rank, world_size, local_rank."""
+    import torch
+    import torch.distributed as dist
+    from IPython import get_ipython
+
+    from interactive_parallel.runtime import state
+
+    st = state.get()
+    get_ipython().user_ns.update(torch=torch, dist=dist, rank=st.rank, world_size=st.world_size,
+                                 local_rank=st.local_rank)
+
+
+def _in_ipython() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None

@@ -1,0 +1,65 @@
+"""The rank's channel to whoever drives it: records out as they happen, a stop request in.
+
+Owns two hooks and the agreement on stopping. A driver installs them once per process:
+`set_sink(fn)` receives each record a long call produces (a step, a generated token) the
+moment it exists; `set_stop_source(fn)` answers "was I asked to stop?" for this rank.
+Long loops call `emit(record)` and, at each boundary, `agree_stop()`: one tiny all_reduce
+(MAX) over the world group, so every rank stops at the same boundary even when the request
+reached them at different times (a rank that stopped alone would leave its peers waiting
+in the next step's collectives).
+
+Knows nothing of ipyparallel (the Session's engines install hooks that publish through it;
+a torchrun script installs none: records are returned at the end, and nobody asks to stop).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+_SINK: list[Callable[[Any], None] | None] = [None]
+_STOP: list[Callable[[], bool] | None] = [None]
+
+
+def set_sink(fn: Callable[[Any], None] | None) -> None:
+    _SINK[0] = fn
+
+
+def set_stop_source(fn: Callable[[], bool] | None) -> None:
+    _STOP[0] = fn
+
+
+def streaming() -> bool:
+    return _SINK[0] is not None
+
+
+def emit(record: Any) -> bool:
+    """Hand `record` to the driver now; False when none listens (the caller keeps it)."""
+    sink = _SINK[0]
+    if sink is None:
+        return False
+    sink(record)
+    return True
+
+
+def stop_requested() -> bool:
+    """This rank's own view: was it asked to stop (not yet agreed with its peers)."""
+    source = _STOP[0]
+    return bool(source and source())
+
+
+def agree_stop(device: Any = "cpu") -> bool:
+    """True on every rank when any rank was asked to stop (a collective over the world group).
+
+    Without a stop source nobody can ask, so no collective is issued: every rank of one
+    job is driven the same way, so they agree on skipping it too.
+    """
+    if _STOP[0] is None:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    local = stop_requested()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return local
+    flag = torch.tensor([1.0 if local else 0.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)

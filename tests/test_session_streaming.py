@@ -1,0 +1,111 @@
+"""Long calls run on the ranks and stream back (tiny-llama, 4 live ranks, gloo): one remote call
+for `train(steps=N)`, each step's records arriving while the ranks keep going, Stop ending every
+rank at the same step boundary, a rank failing mid-run, and generation streaming its tokens."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from interactive_parallel import Plan
+from interactive_parallel.cluster import RankError
+from interactive_parallel.records import MemoryRecord, StepRecord, TokenRecord
+
+pytestmark = pytest.mark.session
+PLAN = Plan(dp=2, tp=2, batch_size=8, seq_len=32)
+
+
+@pytest.fixture
+def laid_out(session4):
+    session4.load_model("tiny-llama")
+    session4.apply(PLAN)
+    return session4
+
+
+def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monkeypatch):
+    s = laid_out
+    submits = []
+    real = s.ranks.caller.submit
+    monkeypatch.setattr(s.ranks.caller, "submit", lambda fn, *a, **k: submits.append(fn.__name__) or real(fn, *a, **k))
+    arrivals = []
+    t0 = time.monotonic()
+    out = s.train(steps=6, on_step=lambda recs: arrivals.append((time.monotonic() - t0, recs)))
+    total = time.monotonic() - t0
+    assert submits == ["train"], submits  # one call to the ranks for all six steps
+    assert [recs[0].step for _, recs in arrivals] == sorted({r.step for r in out}) and len(arrivals) == 6
+    assert all(sorted(r.rank for r in recs) == [0, 1, 2, 3] for _, recs in arrivals)
+    # the first step reached the client long before the run ended: records stream, not batch
+    assert arrivals[0][0] < total * 0.6, (arrivals[0][0], total)
+    first = arrivals[0][1][0]
+    assert isinstance(first, StepRecord) and isinstance(first.memory, MemoryRecord) and first.comms
+    assert [(r.rank, r.step, r.loss) for r in s.history[-len(out):]] == [(r.rank, r.step, r.loss) for r in out]
+
+
+def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(laid_out):
+    s = laid_out
+    seen = []
+
+    def on_step(recs):
+        seen.append(recs[0].step)
+        if len(seen) == 3:
+            threading.Thread(target=s.interrupt).start()  # as the panel's Stop does, from elsewhere
+
+    out = s.train(steps=200, on_step=on_step)
+    steps = sorted({r.step for r in out})
+    per_rank = {rank: sorted(r.step for r in out if r.rank == rank) for rank in range(4)}
+    assert all(v == steps for v in per_rank.values()), per_rank  # the same boundary on every rank
+    assert 3 <= len(steps) <= 5, steps  # within one step of the request (plus one in flight)
+    assert s.verify().ok  # nothing left half-done
+    assert len(s.train(steps=1)) == 4
+
+
+def _fail_at_step(rank: int, step: int) -> None:
+    """Make `rank` raise in the optimizer step numbered `step` (a test fault)."""
+    import interactive_parallel.runtime.train as train
+    from interactive_parallel.runtime import state
+
+    real = getattr(train, "_real_train_step", train.train_step)
+    train._real_train_step = real
+
+    def faulty(par, optimizer, index, **kw):
+        if state.get().rank == rank and index == step:
+            raise RuntimeError(f"injected failure at step {step}")
+        return real(par, optimizer, index, **kw)
+
+    train.train_step = faulty
+
+
+def _heal() -> None:
+    import interactive_parallel.runtime.train as train
+
+    train.train_step = getattr(train, "_real_train_step", train.train_step)
+
+
+def test_rank_failing_mid_run_is_named_and_steps_done_are_kept():
+    from interactive_parallel import Session
+
+    with Session(ranks=2, collective_timeout=5) as s:
+        s.load_model("tiny-llama")
+        s.apply(Plan(dp=2, batch_size=4, seq_len=16))
+        start = len(s.history)
+        first = s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+        s.run(_fail_at_step, 1, first + 3)
+        with pytest.raises(RankError) as exc:
+            s.train(steps=10)
+        assert exc.value.rank == 1 and "injected failure at step" in str(exc.value)
+        kept = s.history[start:]
+        assert sorted({r.step for r in kept}) == [first, first + 1, first + 2]  # the three done before it
+        s.run(_heal)
+        assert len(s.train(steps=1)) == 2  # the group is re-formed; training goes on
+
+
+def test_generation_streams_tokens(laid_out):
+    s = laid_out
+    tokens: list[TokenRecord] = []
+    out = s.generate(["12+35=", "7+8="], max_new_tokens=5, on_token=tokens.append)
+    assert all(isinstance(t, TokenRecord) for t in tokens)
+    for i, text in enumerate(out):
+        mine = sorted((t for t in tokens if t.prompt == i), key=lambda t: t.position)
+        assert [t.position for t in mine] == list(range(5))  # one record per decoding step
+        assert "".join(t.text for t in mine) == text and mine[-1].done
