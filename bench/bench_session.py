@@ -1,7 +1,16 @@
-"""Session cost against ipyparallel and torchrun: cold start, per-call overhead, step time.
+"""The Session against plain torchrun, bare ipyparallel and accelerate's notebook_launcher, in one run.
 
-Prints a table. Numbers move with machine load: run on an idle machine, several times.
-    python bench/bench_session.py [--ranks 4] [--steps 20]
+Prints one table of medians and the ratios the README quotes:
+- step time inside `train(steps=20)` (client wall time / 20: call, streaming and the ranks' stop
+  agreement included) against the same `train_step` loop under plain torchrun (20 steps timed
+  end to end between two barriers), per plan, probes at their default;
+- a warm `apply(new plan)` + `train(steps=20)` against one `notebook_launcher` call that forks 4
+  processes, rendezvouses, builds the same model shape and runs 20 DDP steps on the same batch
+  (accelerate is needed for this row only: `pip install accelerate`; it is not a dependency);
+- a no-op call to every rank against bare ipyparallel `apply_sync`.
+
+Numbers move with machine load: run it on an otherwise idle machine.
+    python bench/bench_session.py [--ranks 4] [--steps 20] [--repeats 3]
 """
 from __future__ import annotations
 
@@ -15,10 +24,13 @@ import time
 from pathlib import Path
 
 from interactive_parallel import Plan, Session
-from interactive_parallel.cluster.pool import LocalPool
+
+PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "dp2xtp2": dict(dp=2, tp=2), "pp2xdp2": dict(pp=2, dp=2)}
+BATCH = dict(batch_size=8, seq_len=64)
+WARMUP = 3
 
 
-def median_ms(fn, n=30) -> float:
+def median_ms(fn, n: int) -> float:
     times = []
     for _ in range(n):
         t = time.perf_counter()
@@ -27,62 +39,110 @@ def median_ms(fn, n=30) -> float:
     return statistics.median(times) * 1e3
 
 
-def session_numbers(ranks: int, steps: int, launch: str) -> dict:
-    t0 = time.perf_counter()
-    pool = LocalPool(ranks, launch=launch)
-    s = Session(ranks=ranks, _pool=pool)
-    ready = time.perf_counter() - t0
+def session_numbers(s: Session, plans: list[str], steps: int, repeats: int) -> dict:
+    out: dict = {}
     s.load_model("tiny-llama")
-    s.apply(Plan(dp=ranks, batch_size=8, seq_len=64))
-    model = time.perf_counter() - t0
-    noop = median_ms(lambda: s.run(int))
-    bare = median_ms(lambda: s.view.apply_sync(int))
-    s.train(steps=2)
-    step_times = []
-    for _ in range(steps):
+    for name in plans:
+        s.apply(Plan(**PLANS[name], **BATCH))
+        s.train(steps=WARMUP)
+        walls = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            s.train(steps=steps)
+            walls.append((time.perf_counter() - t) / steps)
+        out[f"step_{name}"] = statistics.median(walls) * 1e3
+    # warm re-plan: the ranks hold a model under another plan; lay it out anew and train
+    replans = []
+    for _ in range(repeats):
+        s.apply(Plan(**PLANS["dp2xtp2"], **BATCH))
         t = time.perf_counter()
-        s.train(steps=1)
-        step_times.append(time.perf_counter() - t)
-    s.stop()
-    return {"ready": ready, "model": model, "noop_ms": noop, "ipp_noop_ms": bare,
-            "step_ms": statistics.median(step_times) * 1e3}
+        s.apply(Plan(**PLANS["dp4"], **BATCH))
+        s.train(steps=steps)
+        replans.append(time.perf_counter() - t)
+    out["replan_train_s"] = statistics.median(replans)
+    out["noop_ms"] = median_ms(lambda: s.run(int), 50)
+    out["ipp_noop_ms"] = median_ms(lambda: s.view.apply_sync(int), 50)
+    return out
 
 
-def torchrun_numbers(ranks: int, steps: int) -> dict:
+def torchrun_numbers(ranks: int, plans: list[str], steps: int, repeats: int) -> dict:
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, BENCH_T0=repr(time.time()), OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    spec = json.dumps({"plans": {n: dict(PLANS[n], **BATCH) for n in plans}, "steps": steps, "warmup": WARMUP,
+                       "repeats": repeats})
     out = subprocess.run([str(torchrun), "--standalone", f"--nproc_per_node={ranks}",
-                          str(Path(__file__).with_name("_torchrun_worker.py")), str(steps + 2)],
-                         env=env, capture_output=True, text=True, timeout=300)
+                          str(Path(__file__).with_name("_torchrun_worker.py")), spec],
+                         env=env, capture_output=True, text=True, timeout=900)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise RuntimeError(out.stderr[-2000:])
-    r = json.loads(lines[-1])
-    return {"ready": r["ready"], "model": r["model"], "step_ms": r["step"] * 1e3}
+        raise RuntimeError(out.stderr[-3000:])
+    return {f"step_{k}": v * 1e3 for k, v in json.loads(lines[-1]).items()}
+
+
+def _launched(config: dict, steps: int, batch: dict) -> None:
+    """One notebook_launcher process: accelerate's own DDP set-up on the tiny-llama shape."""
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from interactive_parallel.runtime.data import global_batch, local_slice
+
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    kwargs = dict(config)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, opt = acc.prepare(model, opt)
+    for step in range(steps):
+        ids = local_slice(global_batch(0, step, batch["batch_size"], batch["seq_len"]), acc.process_index,
+                          acc.num_processes)
+        loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+
+
+def launcher_numbers(ranks: int, steps: int, repeats: int) -> dict:
+    try:
+        from accelerate import notebook_launcher
+    except ImportError:
+        return {}
+    import transformers.models.llama.modeling_llama  # noqa: F401 - imported in the parent, as in a notebook
+
+    from interactive_parallel.plan import PRESETS
+
+    config = PRESETS["tiny-llama"].config
+    calls = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        notebook_launcher(_launched, (config, steps, BATCH), num_processes=ranks, use_port=str(29500 + len(calls)))
+        calls.append(time.perf_counter() - t)
+    return {"replan_train_s": statistics.median(calls)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--launch", nargs="+", default=["fork", "warm", "plain"])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--plans", nargs="+", default=list(PLANS))
     args = ap.parse_args()
-    cols = {mode: session_numbers(args.ranks, args.steps, mode) for mode in args.launch}
-    cols["torchrun"] = torchrun_numbers(args.ranks, args.steps)
-    rows = [
-        ("ranks ready (pool + process group), s", "ready"),
-        ("ranks ready + model laid out, s", "model"),
-        ("no-op call to all ranks, median ms", "noop_ms"),
-        ("same, bare ipyparallel apply_sync, ms", "ipp_noop_ms"),
-        ("train step dp, median ms (client view)", "step_ms"),
-    ]
-    print(f"tiny-llama, dp={args.ranks}, batch 8x64, {os.cpu_count()} cores; session columns = launch mode")
-    print(f"{'':40s}" + "".join(f"{name:>10s}" for name in cols))
-    for label, key in rows:
-        cells = "".join(f"{c[key]:10.2f}" if key in c else f"{'-':>10s}" for c in cols.values())
-        print(f"{label:40s}{cells}")
-    first = cols[args.launch[0]]
-    print(f"step ratio session({args.launch[0]})/torchrun: {first['step_ms'] / cols['torchrun']['step_ms']:.2f}")
+    with Session(ranks=args.ranks) as s:
+        ours = session_numbers(s, args.plans, args.steps, args.repeats)
+    theirs = torchrun_numbers(args.ranks, args.plans, args.steps, args.repeats)
+    launcher = launcher_numbers(args.ranks, args.steps, args.repeats)
+    print(f"tiny-llama, {args.ranks} ranks, batch 8x64, {args.steps} steps, {os.cpu_count()} cores, "
+          f"medians of {args.repeats}")
+    print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline")
+    rows = [(f"step in train(steps={args.steps}), {p}, ms", f"step_{p}", theirs, "plain torchrun")
+            for p in args.plans]
+    rows += [(f"warm apply + train(steps={args.steps}), s", "replan_train_s", launcher, "notebook_launcher"),
+             ("no-op call to all ranks, ms", "noop_ms", {"noop_ms": ours["ipp_noop_ms"]}, "ipyparallel apply_sync")]
+    for label, key, base, what in rows:
+        b = base.get(key)
+        ratio = f"{ours[key] / b:8.2f}" if b else f"{'-':>8s}"
+        print(f"{label:44s}{ours[key]:10.2f}{(b if b else float('nan')):10.2f}{ratio}  {what}")
+    print(f"no-op call overhead over bare apply_sync: {ours['noop_ms'] - ours['ipp_noop_ms']:+.2f} ms")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,16 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+TIERS = ("pure", "rank1", "multirank", "session", "notebook", "browser")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test belongs to a tier (`-m pure` must run every pure test): refuse one that does not."""
+    untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError("tests without a tier marker (" + ", ".join(TIERS) + "):\n  " +
+                                "\n  ".join(untiered))
+
 
 def pool_footprint(session) -> tuple[list[int], list[int]]:
     """(pids, listening ports) of everything a session's pool runs."""

@@ -38,12 +38,18 @@ class RankCaller:
         self.engine_ids = list(engine_ids)
         self.hosts = list(hosts or [""] * len(self.engine_ids))
         self._views = {eid: client[eid] for eid in self.engine_ids}
+        self._all = client[self.engine_ids]
         self.pending: Submitted = []
         """A call that failed fast or timed out while some ranks were still running it."""
 
     def submit(self, fn: Callable, args: Sequence[Any] = (), kwargs: dict | None = None, *,
                ranks: Sequence[int] | None = None,
                per_rank: Callable[[int], tuple[tuple, dict]] | None = None) -> Submitted:
+        if ranks is None and per_rank is None:
+            # One message for all ranks (the function and its arguments serialized once), split
+            # into one future per rank so a failing rank is seen while the others still run.
+            parts = self._all.apply_async(fn, *args, **(kwargs or {})).split()
+            return list(enumerate(parts))
         out = []
         for rank in (range(len(self.engine_ids)) if ranks is None else ranks):
             a, k = per_rank(rank) if per_rank else (tuple(args), dict(kwargs or {}))
