@@ -2,21 +2,41 @@
 # The two commands of the README:
 #   ./dev.sh start [--demo]   set up, then open the tour in JupyterLab (or run the headless demo)
 #   ./dev.sh test  [pytest args]   set up, then run the test suite
-# Setup is idempotent: a virtual environment in .venv, the CPU build of torch, this package.
+# Setup is idempotent: a virtual environment in .venv, the CPU build of torch (IP_TORCH=cuda for
+# the default index's CUDA build on a GPU machine), this package.
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${IP_VENV:-.venv}
 PY="$VENV/bin/python"
+
+TORCH_VERSION=2.13.0
+CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+install_torch() {
+  # torch first, pinned: asked for without a pin (or by another package), pip takes the default
+  # index's build, which on Linux is the multi-GB CUDA one. IP_TORCH=cuda asks for that on purpose
+  # (a GPU machine); otherwise PyTorch's CPU wheel index when it answers, else what pip finds.
+  local pip=("$PY" -m pip install -q --disable-pip-version-check)
+  if [ "${IP_TORCH:-cpu}" = cuda ]; then
+    "${pip[@]}" "torch==$TORCH_VERSION"
+    echo "torch: the default index's build (IP_TORCH=cuda)"
+  elif timeout 10 "$PY" -c "import urllib.request as u; u.urlopen('$CPU_INDEX/torch/', timeout=8)" 2>/dev/null; then
+    "${pip[@]}" --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple "torch==$TORCH_VERSION+cpu"
+    echo "torch: the CPU build from $CPU_INDEX"
+  else
+    "${pip[@]}" "torch==$TORCH_VERSION"
+    echo "torch: $CPU_INDEX did not answer; installed what pip found: $("$PY" -c 'import torch; print(torch.__version__)')"
+  fi
+}
 
 setup() {
   if [ ! -x "$PY" ]; then
     python3 -m venv "$VENV"
   fi
   local stamp="$VENV/.ip-setup" want
-  want="$(cat pyproject.toml | sha1sum | cut -c1-12)-$1"
+  want="$(cat pyproject.toml | sha1sum | cut -c1-12)-$1-${IP_TORCH:-cpu}"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then return; fi
-  # Pinned CPU build first: an unpinned torch would pull a multi-GB CUDA build.
-  "$PY" -m pip install -q --disable-pip-version-check "torch==2.13.0"
+  install_torch
   if [ "$1" = test ]; then
     "$PY" -m pip install -q --disable-pip-version-check -e ".[test]"
   else

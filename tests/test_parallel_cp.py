@@ -17,6 +17,7 @@ CP_TOL = 1e-5
 SHAPE = (2, 4, 16, 8)  # batch, heads, sequence, head dim
 
 
+@pytest.mark.pure
 def test_load_balanced_split_pairs_early_and_late_chunks():
     t = torch.arange(16).view(1, 16)
     assert shard_sequence(t, 2, 0).tolist() == [[0, 1, 2, 3, 12, 13, 14, 15]]

@@ -1,7 +1,11 @@
 """Validation rules of the parallel layouts (pure: no torch.distributed)."""
 from __future__ import annotations
 
+import pytest
+
 from interactive_parallel.plan import PRESETS, Plan, validate
+
+pytestmark = pytest.mark.pure
 
 LLAMA = PRESETS["tiny-llama"]
 
