@@ -147,10 +147,8 @@ def test_panel_in_jupyterlab():
         pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
     sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright Python package is not installed")
     from interactive_parallel.cluster import Session
-    from interactive_parallel.plan.axes import MeshAxis
-    from interactive_parallel.plan.plan import SUPPORTED_AXES
 
-    degrees = {"dp": 2, "tp": 2} if MeshAxis.TP in SUPPORTED_AXES else {"dp": 4}
+    degrees = {"dp": 2, "tp": 2}
     t0 = time.monotonic()
     ARTIFACTS.mkdir(exist_ok=True)
     shot = ARTIFACTS / "panel.png"

@@ -14,18 +14,11 @@ from interactive_parallel import Plan
 from interactive_parallel.cluster import RankError
 from interactive_parallel.plan import PRESETS
 from interactive_parallel.plan.estimate import ACT_FACTOR, predict_comms
-from interactive_parallel.plan.plan import SUPPORTED_AXES
 from interactive_parallel.records import CommRecord, PipelineEvent
 
 pytestmark = pytest.mark.session
 SPEC = PRESETS["tiny-llama"]
 BASE = dict(batch_size=8, seq_len=32, seed=1)
-
-
-def needs(*axes: str):
-    missing = [a for a in axes if a not in {x.value for x in SUPPORTED_AXES}]
-    return pytest.mark.xfail(bool(missing), reason=f"runtime does not support {missing} yet (SUPPORTED_AXES)",
-                             strict=False)
 
 
 def _run(session, plan: Plan, steps: int = 2):
@@ -99,7 +92,6 @@ def good_all_reduce() -> float:
 
 # ---------------------------------------------------------------- the ledger
 
-@needs("dp")
 def test_ddp_all_reduce_bytes_equal_gradient_bytes(session4):
     _run(session4, Plan(dp=4, **BASE))
     comms, mem = session4.comms(), session4.memory()
@@ -112,7 +104,6 @@ def test_ddp_all_reduce_bytes_equal_gradient_bytes(session4):
     assert pred == [{"op": "all_reduce", "axis": "dp", "count": None, "bytes": reduced[0]}]
 
 
-@needs("dp", "tp")
 def test_tp_ledger_counts_equal_commdebugmode(session4):
     _run(session4, Plan(dp=2, tp=2, **BASE), steps=1)
     for ours, theirs in session4.run(ledger_and_commdebugmode):
@@ -123,7 +114,6 @@ def test_tp_ledger_counts_equal_commdebugmode(session4):
     assert counts == pred
 
 
-@needs("dp", "pp")
 def test_pp_p2p_bytes_equal_activations_times_microbatches(session4):
     plan = Plan(dp=2, pp=2, microbatches=2, **BASE)
     _run(session4, plan)
@@ -143,10 +133,10 @@ def test_pp_p2p_bytes_equal_activations_times_microbatches(session4):
 # ---------------------------------------------------------------- memory
 
 MEMORY_PLANS = [
-    pytest.param(dict(dp=4), marks=needs("dp"), id="dp4"),
-    pytest.param(dict(fsdp=4), marks=needs("fsdp"), id="fsdp4"),
-    pytest.param(dict(dp=2, tp=2), marks=needs("dp", "tp"), id="dp2tp2"),
-    pytest.param(dict(dp=2, pp=2), marks=needs("dp", "pp"), id="dp2pp2"),
+    pytest.param(dict(dp=4), id="dp4"),
+    pytest.param(dict(fsdp=4), id="fsdp4"),
+    pytest.param(dict(dp=2, tp=2), id="dp2tp2"),
+    pytest.param(dict(dp=2, pp=2), id="dp2pp2"),
 ]
 
 
@@ -166,11 +156,8 @@ def test_memory_equals_prediction(session4, degrees):
 
 # ---------------------------------------------------------------- layout
 
-@needs("dp", "tp")
 @pytest.mark.parametrize("degrees", [dict(dp=2, tp=2), dict(fsdp=2, tp=2)], ids=["dp2tp2", "fsdp2tp2"])
 def test_layout_reassembles_every_parameter(session4, degrees):
-    if "fsdp" in degrees and "fsdp" not in {x.value for x in SUPPORTED_AXES}:
-        pytest.xfail("fsdp not supported yet")
     session4.load_model(SPEC.name)
     session4.apply(Plan(**degrees, **BASE))
     shards = session4.layout()
@@ -190,7 +177,6 @@ def test_layout_reassembles_every_parameter(session4, degrees):
 
 # ---------------------------------------------------------------- figures and report
 
-@needs("dp", "pp")
 def test_figures_and_report_from_recorded_data(session4, tmp_path):
     from interactive_parallel.viz import (comm_matrix_figure, figures_from_records, memory_figure, pipeline_figure,
                                           sharding_figure, timeline_figure)

@@ -17,10 +17,6 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
-# Degrees that run today; the others are validated and refused until their runtime lands.
-SUPPORTED_AXES: frozenset[MeshAxis] = frozenset(
-    {MeshAxis.DP, MeshAxis.FSDP, MeshAxis.TP, MeshAxis.PP, MeshAxis.CP})
-
 
 class PlanError(ValueError):
     """A plan that cannot run; `problems` lists every reason, each naming its numbers."""
@@ -84,6 +80,15 @@ class Plan:
     def n_microbatches(self) -> int:
         return self.microbatches or self.pp
 
+    @property
+    def n_stages(self) -> int:
+        """Pipeline stages in all: pp, times virtual_stages under an interleaved schedule."""
+        return self.pp * (self.virtual_stages if self.pp_schedule == "interleaved-1f1b" else 1)
+
+    def stage_ids(self, pp_rank: int) -> list[int]:
+        """Global stage indices held by pipeline rank `pp_rank` (loop order: r, r + pp, ...)."""
+        return list(range(pp_rank, self.n_stages, self.pp))
+
     def replace(self, **changes: Any) -> "Plan":
         return dataclasses.replace(self, **changes)
 
@@ -134,9 +139,6 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
     if plan.world_size != world_size:
         product = " * ".join(f"{n}({v})" for n, v in used)
         problems.append(f"{product} = {plan.world_size} != ranks({world_size})")
-    for axis in MESH_ORDER:
-        if getattr(plan, axis.value) > 1 and axis not in SUPPORTED_AXES:
-            problems.append(f"{axis.value}({getattr(plan, axis.value)}) is not yet supported by this runtime")
 
     if plan.device not in DEVICES:
         problems.append(f"device {plan.device!r} is not one of {', '.join(DEVICES)}")
@@ -216,7 +218,7 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
             if n % plan.tp:
                 problems.append(f"tp({plan.tp}) does not divide {what}({n})")
     if plan.pp > 1:
-        stages = plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
+        stages = plan.n_stages
         what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}"
                 if plan.pp_schedule == "interleaved-1f1b" else f"pp({plan.pp})")
         if spec.num_layers < stages:
