@@ -1,9 +1,10 @@
 """Analytic estimates: bytes per rank (parameters, gradients, optimizer, activations) and
 bytes per collective per step, for a ModelSpec under a Plan, before any rank exists.
 
-Owns the parameter inventory of each family (names, shapes, TP style) and the arithmetic
-that mirrors what the runtime does with it: TP shards the linears of the family's tp_plan
-(colwise: Linear weight/bias Shard(0), GPT-2 Conv1D weight Shard(1); rowwise: Linear
+Owns the parameter inventory (names, shapes, TP dims), read from the family's entry in
+plan.models.FAMILIES (never from its name), and the arithmetic that mirrors what the
+runtime does with it: TP shards the linears of the family's tp_plan
+(colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear
 weight Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms,
 embeddings and the LM head; PP gives each rank its stages (loop order) plus embeddings
 (first stage) and norm/head (last stage; a tied head is the embedding, held by both);
@@ -42,60 +43,52 @@ class ParamInfo:
     layer: int | None = None
 
 
-def _tp_dim(family: str, style: str | None, leaf: str) -> int | None:
+def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
+    """The dim of a block linear's `leaf` ('weight' / 'bias') that TP splits, None if replicated.
+
+    Colwise splits the output features, rowwise the input features; a transposed (Conv1D)
+    weight holds them the other way round. A rowwise bias is added after the all-reduce: whole.
+    """
     if style is None:
         return None
-    conv1d = family == "gpt2"
+    out_dim, in_dim = (1, 0) if transposed else (0, 1)
     if style.startswith("colwise"):
-        return (1 if conv1d else 0) if leaf == "weight" else 0
-    return (0 if conv1d else 1) if leaf == "weight" else None  # rowwise bias is replicated
+        return out_dim if leaf == "weight" else 0
+    return in_dim if leaf == "weight" else None
 
 
-def _layer_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...]]]:
-    h, i = spec.hidden_size, spec.intermediate_size
-    cfg = spec.config
-    if spec.family == "gpt2":
-        return [("ln_1.weight", (h,)), ("ln_1.bias", (h,)),
-                ("attn.c_attn.weight", (h, 3 * h)), ("attn.c_attn.bias", (3 * h,)),
-                ("attn.c_proj.weight", (h, h)), ("attn.c_proj.bias", (h,)),
-                ("ln_2.weight", (h,)), ("ln_2.bias", (h,)),
-                ("mlp.c_fc.weight", (h, i)), ("mlp.c_fc.bias", (i,)),
-                ("mlp.c_proj.weight", (i, h)), ("mlp.c_proj.bias", (h,))]
-    hd = int(cfg.get("head_dim") or h // spec.num_heads)
-    q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
-    out = []
-    for name, rows, cols in (("q_proj", q, h), ("k_proj", kv, h), ("v_proj", kv, h), ("o_proj", h, q)):
-        out.append((f"self_attn.{name}.weight", (rows, cols)))
-        if cfg.get("attention_bias"):
-            out.append((f"self_attn.{name}.bias", (rows,)))
-    for name, rows, cols in (("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)):
-        out.append((f"mlp.{name}.weight", (rows, cols)))
-        if cfg.get("mlp_bias"):
-            out.append((f"mlp.{name}.bias", (rows,)))
-    return out + [("input_layernorm.weight", (h,)), ("post_attention_layernorm.weight", (h,))]
+def _block_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int | None]]:
+    """(name relative to a block, shape, tp dim) of every tensor of one decoder block."""
+    fam, cfg = spec.family_info, spec.config
+    styles = fam.block_tp_styles()
+    out: list[tuple[str, tuple[int, ...], int | None]] = []
+    for path, lin in fam.linears.items():
+        n_in, n_out = spec.width(lin.in_width), spec.width(lin.out_width)
+        style = styles.get(path)
+        out.append((f"{path}.weight", (n_in, n_out) if fam.weights_transposed else (n_out, n_in),
+                    _tp_dim(style, "weight", fam.weights_transposed)))
+        if lin.bias if isinstance(lin.bias, bool) else cfg.get(lin.bias, False):
+            out.append((f"{path}.bias", (n_out,), _tp_dim(style, "bias", fam.weights_transposed)))
+    return out + _norm_params(spec, fam.norm_paths)
+
+
+def _norm_params(spec: ModelSpec, paths) -> list[tuple[str, tuple[int, ...], None]]:
+    leaves = ("weight", "bias") if spec.family_info.norm_bias else ("weight",)
+    return [(f"{p}.{leaf}", (spec.hidden_size,), None) for p in paths for leaf in leaves]
 
 
 def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
     """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
     fam, h, v = spec.family_info, spec.hidden_size, spec.vocab_size
-    styles = {pattern.split("*.", 1)[1]: style for pattern, style in fam.tp_plan.items()}
-    out: list[ParamInfo] = []
-    if spec.family == "gpt2":
-        out += [ParamInfo("transformer.wte.weight", (v, h), None, "embed"),
-                ParamInfo("transformer.wpe.weight", (spec.max_positions, h), None, "embed")]
-    else:
-        out.append(ParamInfo("model.embed_tokens.weight", (v, h), None, "embed"))
+    out = [ParamInfo(f"{fam.embedding_path}.weight", (v, h), None, "embed")]
+    if fam.position_embedding_path:
+        out.append(ParamInfo(f"{fam.position_embedding_path}.weight", (spec.max_positions, h), None, "embed"))
+    block = _block_params(spec)
     for layer in range(spec.num_layers):
-        for rel, shape in _layer_params(spec):
-            module, leaf = rel.rsplit(".", 1)
-            dim = _tp_dim(spec.family, styles.get(module), leaf)
-            out.append(ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, dim, "layer", layer))
-    norm = fam.head_paths[0]
-    out.append(ParamInfo(f"{norm}.weight", (h,), None, "head"))
-    if spec.family == "gpt2":
-        out.append(ParamInfo(f"{norm}.bias", (h,), None, "head"))
+        out += [ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, dim, "layer", layer) for rel, shape, dim in block]
+    out += [ParamInfo(name, shape, None, "head") for name, shape, _ in _norm_params(spec, [fam.final_norm_path])]
     if not spec.tied_embeddings:
-        out.append(ParamInfo("lm_head.weight", (v, h), None, "head"))
+        out.append(ParamInfo(f"{fam.lm_head_path}.weight", (v, h), None, "head"))
     return out
 
 
@@ -105,25 +98,16 @@ def chunk(n: int, parts: int, index: int) -> int:
     return max(0, min(size, n - index * size))
 
 
-def _n_stages(plan: Plan) -> int:
-    return plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
-
-
-def stages_of(plan: Plan, pp_rank: int) -> list[int]:
-    per_rank = plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1
-    return [pp_rank + k * plan.pp for k in range(per_rank)]
-
-
 def owned(spec: ModelSpec, plan: Plan, p: ParamInfo, pp_rank: int) -> bool:
     if plan.pp == 1:
         return True
-    total = _n_stages(plan)
-    mine = stages_of(plan, pp_rank)
+    total = plan.n_stages
+    mine = plan.stage_ids(pp_rank)
     if p.owner == "layer":
         return p.layer // (spec.num_layers // total) in mine
     if p.owner == "head":
         return total - 1 in mine
-    tied_head = spec.tied_embeddings and p.name.endswith(("wte.weight", "embed_tokens.weight"))
+    tied_head = spec.tied_embeddings and p.name == f"{spec.family_info.embedding_path}.weight"
     return 0 in mine or (tied_head and total - 1 in mine)
 
 
@@ -178,7 +162,7 @@ def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
     if plan.pp == 1:
         head = h + 2 * spec.vocab_size
     else:
-        total, mine = _n_stages(plan), stages_of(plan, coords[MeshAxis.PP])
+        total, mine = plan.n_stages, plan.stage_ids(coords[MeshAxis.PP])
         layers = spec.num_layers // total * len(mine)
         head = h + 2 * spec.vocab_size if total - 1 in mine else 0.0
         m = plan.n_microbatches
@@ -252,7 +236,7 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[dict]:
         per_layer = sum(1 for s in styles if s == "rowwise") + sum(1 for s in styles if s.startswith("colwise"))
         add("all_reduce", "tp", per_layer * layers * acc, per_layer * layers * acc * act)
     if plan.pp > 1:
-        total, mine, m = _n_stages(plan), stages_of(plan, coords[MeshAxis.PP]), plan.n_microbatches
+        total, mine, m = plan.n_stages, plan.stage_ids(coords[MeshAxis.PP]), plan.n_microbatches
         sends = sum(1 for s in mine if s < total - 1) + sum(1 for s in mine if s > 0)
         add("send", "pp", sends * m * acc, sends * m * acc * act / m)
         add("recv", "pp", sends * m * acc, sends * m * acc * act / m)

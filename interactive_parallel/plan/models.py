@@ -1,10 +1,12 @@
 """Model specs: the facts about a transformers causal LM that planning needs.
 
 Owns the preset registry (configs as plain dicts, built into transformers configs by the
-runtime), the per-family tensor-parallel plan (module path pattern -> style name) and
-where the decoder layers live (for pipeline splits). Pure Python: knows nothing of
-torch or transformers objects; the runtime applies these plans, the model code is
-never edited.
+runtime) and, in FAMILIES, everything that differs between model families: module paths
+(blocks, embeddings, positions, rotary, norms, head, attention, MLP), each block linear's
+shape and TP style, Conv1D's transposed weights, the fused q|k|v projection, how attention
+takes its input, the tied head. Adding a family is adding one entry. Pure Python: knows
+nothing of torch or transformers objects; the runtime and the estimator interpret these
+facts, the model code is never edited.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class ModelSpec:
     name: str
     """Preset name, or a label for a config object / local directory."""
     family: str
-    """'llama' or 'gpt2': selects the TP plan and the layer paths."""
+    """A FAMILIES key ('llama', 'gpt2'): where things live in the model and how TP splits it."""
     config: dict[str, Any]
     """Keyword arguments of the transformers config (model_type included)."""
     source: str | None = None
@@ -62,36 +64,133 @@ class ModelSpec:
         return int(self.config["vocab_size"])
 
     @property
+    def head_dim(self) -> int:
+        return int(self.config.get("head_dim") or self.hidden_size // self.num_heads)
+
+    def width(self, name: str) -> int:
+        """A Linear's width by name: 'hidden', 'intermediate', 'q', 'kv' or 'qkv' (q + 2 kv)."""
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        widths = {"hidden": self.hidden_size, "intermediate": self.intermediate_size, "q": q, "kv": kv,
+                  "qkv": q + 2 * kv}
+        return widths[name]
+
+    @property
     def tied_embeddings(self) -> bool:
-        default = self.family == "gpt2"
-        return bool(self.config.get("tie_word_embeddings", default))
+        return bool(self.config.get("tie_word_embeddings", self.family_info.tied_by_default))
 
     @property
     def family_info(self) -> "FamilyInfo":
         return FAMILIES[self.family]
 
 
-@dataclass(frozen=True)
-class FamilyInfo:
-    """Where things live inside one transformers model family."""
+TP_STYLES: dict[str, str] = {
+    "colwise": "output features split over tp; the input arrives whole, the output leaves sharded",
+    "rowwise": "input features split over tp; the partial outputs are all-reduced, the bias is replicated",
+    "colwise_fused_qkv": "colwise on a fused [q | k | v] projection whose columns are regrouped per head "
+                         "first, so each tp rank holds the q, k and v of its own heads",
+}
+"""The TP style names a family's tp_plan may use, and what each does to a linear."""
 
+
+@dataclass(frozen=True)
+class Linear:
+    """The shape of one linear of a decoder block, in widths a ModelSpec resolves (ModelSpec.width)."""
+
+    in_width: str
+    """'hidden', 'intermediate', 'q' (heads x head_dim), 'kv' (kv heads x head_dim) or 'qkv'."""
+    out_width: str
+    bias: bool | str = False
+    """True, False, or the config key that switches the bias on (default off)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FamilyInfo:
+    """Everything that differs between transformers model families, as data.
+
+    The runtime (runtime/parallel/{pp,tp,cp}.py, runtime/parallelized.py) and the estimator
+    (plan/estimate.py) interpret these fields and never branch on a family's name: a new
+    family is one FAMILIES entry. Module paths are dotted paths from the causal LM (model
+    level) or from one decoder block (block level), as named_modules() spells them.
+    """
+
+    model_types: tuple[str, ...]
+    """transformers `model_type` values built as this family (spec_from_config_dict)."""
     layers_path: str
-    """Dotted path of the ModuleList of decoder blocks."""
-    embed_paths: tuple[str, ...]
-    """Modules run before the first block (owned by the first pipeline stage)."""
-    head_paths: tuple[str, ...]
-    """Modules run after the last block (owned by the last pipeline stage)."""
+    """Model level: the ModuleList of decoder blocks."""
+    embedding_path: str
+    """Model level: the token embedding (tied to the LM head when the spec ties them)."""
+    position_embedding_path: str | None = None
+    """Model level: learned absolute positions added to the token embedding (GPT-2's wpe), or None."""
+    embedding_dropout_path: str | None = None
+    """Model level: dropout after the embeddings, or None."""
+    rotary_path: str | None = None
+    """Model level: the rotary table; when set, every block gets `position_ids` and
+    `position_embeddings` (cos, sin) as keyword arguments, else only the hidden states."""
+    final_norm_path: str
+    """Model level: the norm after the last block."""
+    lm_head_path: str = "lm_head"
+    """Model level: the output projection to the vocabulary."""
+    attention_path: str
+    """Block level: the attention module (CP reroutes it; TP localizes its head bookkeeping)."""
+    attention_input: str | None = None
+    """How a block hands attention its hidden states: the keyword's name, or None (positional).
+    Sequence parallelism gathers the sequence at that input."""
+    mlp_path: str
+    """Block level: the MLP (sequence parallelism gathers the sequence at its first input)."""
+    norm_paths: tuple[str, ...]
+    """Block level: the norms; sequence parallelism runs them on sequence shards."""
+    norm_bias: bool = False
+    """Whether the norms (block and final) have a bias next to their weight (LayerNorm vs RMSNorm)."""
+    linears: dict[str, Linear] = field(default_factory=dict)
+    """Block level path -> shape of every linear in a block (the estimator's inventory)."""
+    weights_transposed: bool = False
+    """Linears store their weight (in, out) (transformers' Conv1D), not (out, in) like nn.Linear:
+    TP shards the other weight dim."""
+    local_head_attrs: tuple[str, ...] = ()
+    """Attention attributes that hold global widths or head counts in its forward; TP divides
+    them by tp. (Llama reshapes with -1 and needs none; GPT-2 splits c_attn by split_size.)"""
     tp_plan: dict[str, str] = field(default_factory=dict)
-    """Module path pattern ('*' = any layer index) -> ParallelStyle name."""
-    attention_path: str = "self_attn"
-    """Attention module inside a block (its head count is rewritten under TP)."""
+    """Model level path pattern ('*' = any block index) -> TP style (a TP_STYLES name)."""
+    tied_by_default: bool = False
+    """Embedding and LM head share one weight unless the config says tie_word_embeddings."""
+
+    @property
+    def embed_paths(self) -> tuple[str, ...]:
+        """Modules run before the first block (owned by the first pipeline stage)."""
+        return tuple(p for p in (self.embedding_path, self.position_embedding_path, self.embedding_dropout_path,
+                                 self.rotary_path) if p)
+
+    @property
+    def head_paths(self) -> tuple[str, ...]:
+        """Modules run after the last block (owned by the last pipeline stage)."""
+        return (self.final_norm_path, self.lm_head_path)
+
+    def block_tp_styles(self) -> dict[str, str]:
+        """Block level path -> TP style, from tp_plan's model level patterns."""
+        prefix = f"{self.layers_path}.*."
+        return {pattern[len(prefix):]: style for pattern, style in self.tp_plan.items()}
 
 
 FAMILIES: dict[str, FamilyInfo] = {
     "llama": FamilyInfo(
+        model_types=("llama", "mistral", "qwen2"),
         layers_path="model.layers",
-        embed_paths=("model.embed_tokens", "model.rotary_emb"),
-        head_paths=("model.norm", "lm_head"),
+        embedding_path="model.embed_tokens",
+        rotary_path="model.rotary_emb",
+        final_norm_path="model.norm",
+        attention_path="self_attn",
+        attention_input="hidden_states",
+        mlp_path="mlp",
+        norm_paths=("input_layernorm", "post_attention_layernorm"),
+        linears={
+            "self_attn.q_proj": Linear("hidden", "q", "attention_bias"),
+            "self_attn.k_proj": Linear("hidden", "kv", "attention_bias"),
+            "self_attn.v_proj": Linear("hidden", "kv", "attention_bias"),
+            "self_attn.o_proj": Linear("q", "hidden", "attention_bias"),
+            "mlp.gate_proj": Linear("hidden", "intermediate", "mlp_bias"),
+            "mlp.up_proj": Linear("hidden", "intermediate", "mlp_bias"),
+            "mlp.down_proj": Linear("intermediate", "hidden", "mlp_bias"),
+        },
         tp_plan={
             "model.layers.*.self_attn.q_proj": "colwise",
             "model.layers.*.self_attn.k_proj": "colwise",
@@ -101,20 +200,33 @@ FAMILIES: dict[str, FamilyInfo] = {
             "model.layers.*.mlp.up_proj": "colwise",
             "model.layers.*.mlp.down_proj": "rowwise",
         },
-        attention_path="self_attn",
     ),
     "gpt2": FamilyInfo(
+        model_types=("gpt2",),
         layers_path="transformer.h",
-        embed_paths=("transformer.wte", "transformer.wpe", "transformer.drop"),
-        head_paths=("transformer.ln_f", "lm_head"),
+        embedding_path="transformer.wte",
+        position_embedding_path="transformer.wpe",
+        embedding_dropout_path="transformer.drop",
+        final_norm_path="transformer.ln_f",
+        attention_path="attn",
+        mlp_path="mlp",
+        norm_paths=("ln_1", "ln_2"),
+        norm_bias=True,
+        linears={
+            "attn.c_attn": Linear("hidden", "qkv", True),
+            "attn.c_proj": Linear("hidden", "hidden", True),
+            "mlp.c_fc": Linear("hidden", "intermediate", True),
+            "mlp.c_proj": Linear("intermediate", "hidden", True),
+        },
+        weights_transposed=True,
+        local_head_attrs=("split_size", "num_heads", "embed_dim"),
         tp_plan={
-            # c_attn is a fused q|k|v projection; the runtime splits it per head before sharding.
             "transformer.h.*.attn.c_attn": "colwise_fused_qkv",
             "transformer.h.*.attn.c_proj": "rowwise",
             "transformer.h.*.mlp.c_fc": "colwise",
             "transformer.h.*.mlp.c_proj": "rowwise",
         },
-        attention_path="attn",
+        tied_by_default=True,
     ),
 }
 
@@ -150,10 +262,11 @@ class UnknownModelError(ValueError):
 
 def spec_from_config_dict(config: dict[str, Any], *, name: str = "custom", source: str | None = None) -> ModelSpec:
     model_type = config.get("model_type", "")
-    family = "gpt2" if model_type == "gpt2" else "llama" if model_type in ("llama", "mistral", "qwen2") else None
+    family = next((name for name, info in FAMILIES.items() if model_type in info.model_types), None)
     if family is None:
-        raise UnknownModelError(
-            f"model_type {model_type!r} has no TP plan and layer map here; supported families: llama, gpt2")
+        known = ", ".join(t for info in FAMILIES.values() for t in info.model_types)
+        raise UnknownModelError(f"model_type {model_type!r} has no family entry (TP plan, module map) here; "
+                                f"supported model types: {known}")
     if "vocab_size" not in config:
         raise UnknownModelError(f"config for {name!r} has no vocab_size")
     return ModelSpec(name=name, family=family, config=dict(config), source=source)
