@@ -5,7 +5,6 @@ For each plan (JSON on the command line): lay the model out, run the warm-up ste
 plan -> median seconds per step. Launched by bench_session.py.
 """
 import json
-import os
 import statistics
 import sys
 import time
@@ -13,18 +12,17 @@ import time
 import torch.distributed as dist
 
 from interactive_parallel.plan import Plan, resolve_model
-from interactive_parallel.runtime import dist as rdist
+from interactive_parallel.runtime.launch import finish, init_from_env
 from interactive_parallel.runtime.parallelize import parallelize
 from interactive_parallel.runtime.train import make_optimizer, train_step
 
 cfg = json.loads(sys.argv[1])
-rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-rdist.set_identity(rank, world, int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"]))
-dist.init_process_group("gloo")
+launch, device = init_from_env("cpu", timeout_s=120.0)
+rank = launch.rank
 spec = resolve_model("tiny-llama")
 out = {}
 for name, fields in cfg["plans"].items():
-    par = parallelize(spec, Plan(**fields))
+    par = parallelize(spec, Plan(**fields), device=device)
     opt = make_optimizer(par)
     step = 0
     for _ in range(cfg["warmup"]):
@@ -42,5 +40,4 @@ for name, fields in cfg["plans"].items():
     out[name] = statistics.median(per_step)
 if rank == 0:
     print(json.dumps(out), flush=True)
-dist.barrier()
-dist.destroy_process_group()
+finish()

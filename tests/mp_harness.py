@@ -1,8 +1,9 @@
 """Spawn a group of gloo ranks on this host, run one function on each, return what each returned.
 
-Owns process start (torch.multiprocessing, spawn), the rendezvous on a free loopback
-port, one intra-op thread per rank, a wall-clock timeout, and turning a rank's exception
-into a RuntimeError that names the rank and carries its traceback. Knows nothing of
+Owns process start (torch.multiprocessing, spawn), the free loopback port, one intra-op
+thread per rank, a wall-clock timeout, and turning a rank's exception into a
+RuntimeError that names the rank and carries its traceback. Each rank joins the group
+through runtime.launch, the start-up of a torchrun process, given what torchrun would set. Knows nothing of
 what the ranks compute: `fn(rank, *args)` must be a module-level (picklable) function.
 """
 from __future__ import annotations
@@ -27,11 +28,11 @@ def _entry(fn, rank: int, world: int, port: int, timeout_s: float, args, out) ->
 
         torch.set_num_threads(1)
         from interactive_parallel.runtime import dist as rdist
-        from interactive_parallel.runtime import state
+        from interactive_parallel.runtime.launch import init_from_env
 
-        state.reset()
-        rdist.set_identity(rank, world, rank, world, threads=1)
-        rdist.init("127.0.0.1", port, "cpu", timeout_s)
+        # The start-up of the exported script and bench/, with what torchrun would have set.
+        init_from_env("cpu", timeout_s, threads=1, rank=rank, world_size=world, local_rank=rank,
+                      local_world_size=world, master_addr="127.0.0.1", master_port=port)
         try:
             result = fn(rank, *args)
         finally:

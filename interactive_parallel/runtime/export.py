@@ -1,9 +1,10 @@
 """Export a session's model, plan and training settings as a standalone torchrun script.
 
-Owns the text of that script: it rebuilds the same model (spec), layout (plan) and
-training knobs from interactive_parallel.runtime, with no ipyparallel and no notebook,
-and prints the loss of each step, so a run set up interactively can be repeated (or
-scaled out) from a shell. Knows nothing of the session that asks for it.
+Owns the text of that script: it starts like every non-engine rank (runtime.launch),
+rebuilds the same model (spec), layout (plan) and training knobs from
+interactive_parallel.runtime, with no ipyparallel and no notebook, and prints the loss
+of each step, so a run set up interactively can be repeated (or scaled out) from a
+shell. Knows nothing of the session that asks for it.
 """
 from __future__ import annotations
 
@@ -19,15 +20,8 @@ Exported by interactive_parallel: the same model, plan and training settings as 
 session, rebuilt from interactive_parallel.runtime (no ipyparallel). Rank 0 prints the
 loss of each step (the mean over the ranks that see it).
 """
-import datetime
-import os
-
-import torch
-import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
-
 from interactive_parallel.plan import ModelSpec, Plan, check
-from interactive_parallel.runtime import dist as rdist
+from interactive_parallel.runtime.launch import Launch, finish
 from interactive_parallel.runtime.parallelize import parallelize
 from interactive_parallel.runtime.train import make_optimizer, make_scaler, train_step
 from interactive_parallel.runtime.verify import global_loss
@@ -39,27 +33,17 @@ TIMEOUT_S = {timeout}
 
 
 def main() -> None:
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    rdist.set_identity(rank, world, local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    check(PLAN, world, SPEC)
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    # DeviceMesh sub-groups take the module default, not the world group's timeout.
-    c10d.default_pg_timeout = timeout
-    if PLAN.device == "cuda":
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group(rdist.backend_for(PLAN.device), timeout=timeout)
-    par = parallelize(SPEC, PLAN, device=rdist.torch_device(PLAN.device, local_rank))
+    launch = Launch.from_env()
+    check(PLAN, launch.world_size, SPEC)  # a bad plan fails here, before any rank waits for another
+    device = launch.start(PLAN.device, TIMEOUT_S)
+    par = parallelize(SPEC, PLAN, device=device)
     optimizer, scaler = make_optimizer(par), make_scaler(PLAN)
     for step in range(STEPS):
-        rec = train_step(par, optimizer, step, scaler=scaler, rank=rank)
+        rec = train_step(par, optimizer, step, scaler=scaler, rank=launch.rank)
         loss = global_loss(par, rec.loss)
-        if rank == 0:
+        if launch.rank == 0:
             print(f"step {{step}} loss {{loss:.6f}} time_s {{rec.time_s:.3f}}", flush=True)
-    # Everyone done talking before anyone tears down: a rank destroying its groups while a
-    # peer still has gloo traffic in flight can abort in C++ ("terminate called ...").
-    dist.barrier()
-    dist.destroy_process_group()
+    finish()
 
 
 if __name__ == "__main__":
