@@ -43,10 +43,3 @@ def local_slice(batch: torch.Tensor, index: int, count: int) -> torch.Tensor:
     """Rows of the global batch that data-parallel rank `index` of `count` trains on."""
     per = batch.shape[0] // count
     return batch[index * per:(index + 1) * per]
-
-
-def eval_prompts(n: int, seed: int = 1234) -> tuple[list[str], list[str]]:
-    """n held-out prompts ("12+35=") and their answers ("47")."""
-    rng = random.Random(seed)
-    pairs = [problem(rng) for _ in range(n)]
-    return [q for q, _ in pairs], [a for _, a in pairs]

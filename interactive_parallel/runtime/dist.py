@@ -88,7 +88,3 @@ def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     st.backend = ""
-
-
-def is_ready() -> bool:
-    return dist.is_initialized()

@@ -1,8 +1,9 @@
 """Build a transformers causal LM from a ModelSpec, with seeded, plan-independent weights.
 
-Owns turning a spec (preset config dict or local directory) into an nn.Module and the
-helpers that walk its layers. Knows nothing of meshes or parallel styles: the same seed
-gives the same weights on every rank and in the single-process reference.
+Owns turning a spec (preset config dict or local directory) into an nn.Module. Knows
+nothing of meshes or parallel styles, nor of where things live inside the model
+(plan.models.FAMILIES says that): the same seed gives the same weights on every rank and
+in the single-process reference.
 """
 from __future__ import annotations
 
@@ -36,15 +37,3 @@ def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cp
         model = AutoModelForCausalLM.from_config(make_config(spec), dtype=torch.float32)
     model.config.use_cache = False
     return model.to(device)
-
-
-def get_submodule(model: nn.Module, path: str) -> nn.Module:
-    return model.get_submodule(path)
-
-
-def decoder_layers(model: nn.Module, spec: ModelSpec) -> nn.ModuleList:
-    return model.get_submodule(spec.family_info.layers_path)
-
-
-def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())

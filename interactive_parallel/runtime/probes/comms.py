@@ -252,14 +252,6 @@ def install() -> None:
         dist.Work.wait = _patched_wait
 
 
-def uninstall() -> None:
-    with _LOCK:
-        while _LIBS:
-            _LIBS.pop()._destroy()
-        if _ORIG_WAIT:
-            dist.Work.wait = _ORIG_WAIT.pop()
-
-
 class recording:
     """`with recording(rank, step, plan) as ledger:` ... `ledger.records` after the block."""
 
