@@ -29,11 +29,12 @@ _ENABLED = [True]
 
 def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
     """Chunks r and 2*cp-1-r of `t` along `dim` (validation makes seq_len divisible by 2*cp)."""
-    chunks = t.chunk(2 * cp, dim=dim)
-    return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=dim)
+    chunks = t.chunk(2 * cp, dim=dim)  # 2cp x [.., s/2cp, ..]
+    return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=dim)  # [.., s/cp, ..]
 
 
 def local_positions(seq_local: int, cp: int, rank: int, device) -> torch.Tensor:
+    """Global positions of this rank's tokens: chunks r and 2*cp-1-r of the sequence, [s/cp]."""
     c = seq_local // 2
     first = torch.arange(rank * c, (rank + 1) * c, device=device)
     second = torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c, device=device)
@@ -52,23 +53,23 @@ class _GatherSeq(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         n = dist.get_world_size(group)
-        parts = [torch.empty_like(x) for _ in range(n)]
+        parts = [torch.empty_like(x) for _ in range(n)]  # cp x [b, heads, s/cp, d]
         dist.all_gather(parts, x.contiguous(), group=group)
-        return torch.stack(parts)  # (cp, *x.shape)
+        return torch.stack(parts)  # [cp, b, heads, s/cp, d]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad[dist.get_rank(ctx.group)], None
+        dist.all_reduce(grad, group=ctx.group)  # [cp, b, heads, s/cp, d], summed over ranks
+        return grad[dist.get_rank(ctx.group)], None  # [b, heads, s/cp, d]
 
 
 def _whole_sequence(t: torch.Tensor, group, cp: int) -> torch.Tensor:
     """(B, H, S_local, D) per rank -> (B, H, S, D) in global order."""
-    parts = _GatherSeq.apply(t, group)  # (cp, B, H, S_local, D)
-    halves = parts.chunk(2, dim=3)
+    parts = _GatherSeq.apply(t, group)  # [cp, b, heads, s/cp, d]
+    halves = parts.chunk(2, dim=3)  # 2 x [cp, b, heads, s/2cp, d]: each rank's two chunks
     order = [halves[0][r] for r in range(cp)] + [halves[1][r] for r in reversed(range(cp))]
-    return torch.cat(order, dim=2)
+    return torch.cat(order, dim=2)  # [b, heads, s, d], global order
 
 
 def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
@@ -76,7 +77,7 @@ def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: 
     """transformers attention interface: (B, H, S_local, D) q/k/v -> ((B, S_local, H, D), None)."""
     group = getattr(module, "_ip_cp_group", None)
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:
+    if groups > 1:  # [b, kv_heads, s, d] -> [b, heads, s, d]
         key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     if group is None or not _ENABLED[0]:
         # Inference (generation) runs the whole sequence on every cp rank.
@@ -85,12 +86,12 @@ def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: 
                                              scale=scaling, dropout_p=dropout)
         return out.transpose(1, 2).contiguous(), None
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)
-    q_pos = local_positions(query.shape[2], cp, rank, query.device)
-    k_pos = torch.arange(key.shape[2], device=query.device)
-    mask = q_pos[:, None] >= k_pos[None, :]
+    key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)  # [b, heads, s, d]
+    q_pos = local_positions(query.shape[2], cp, rank, query.device)  # [s/cp]
+    k_pos = torch.arange(key.shape[2], device=query.device)  # [s]
+    mask = q_pos[:, None] >= k_pos[None, :]  # [s/cp, s], causal in global positions
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout)
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous(), None  # [b, heads, s/cp, d] -> [b, s/cp, heads, d]
 
 
 def _register() -> None:
@@ -100,7 +101,8 @@ def _register() -> None:
 
 
 def apply_cp(model: nn.Module, mesh, spec) -> None:
-    """Route every attention module of `model` through cp_attention over the 1-D cp `mesh`."""
+    """Route every attention module of `model` (FamilyInfo.attention_path in each block) through
+    cp_attention over the 1-D cp `mesh`."""
     _register()
     group = mesh.get_group()
     model.config._attn_implementation = IMPL
