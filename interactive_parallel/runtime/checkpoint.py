@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .parallelize import Parallelized
+from .parallelized import Parallelized
 
 
 def _logical_state(par: Parallelized) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -29,7 +29,7 @@ def _logical_state(par: Parallelized) -> tuple[dict[str, Any], dict[str, torch.T
         t = state[name]
         if name in par.perms:
             full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            out[name] = unpermute(full.detach(), par.perms[name])
+            out[name] = unpermute(full.detach(), *par.perms[name])
             live[name] = t
         else:
             out[name] = t
@@ -56,7 +56,7 @@ def load(par: Parallelized, path: str) -> dict[str, Any]:
     dcp.load(state, checkpoint_id=path)
     with torch.no_grad():
         for name, target in live.items():
-            full = permute(state[name], par.perms[name])
+            full = permute(state[name], *par.perms[name])
             if hasattr(target, "device_mesh"):
                 from torch.distributed.tensor import distribute_tensor
 

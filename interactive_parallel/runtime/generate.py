@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .parallelize import Parallelized
+from .parallelized import Parallelized
 from .tokenizer import get_tokenizer
 
 

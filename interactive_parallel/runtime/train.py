@@ -1,10 +1,11 @@
 """One optimizer step on this rank: its slice of the global batch, accumulation, precision, AdamW.
 
-Owns the loss (mean token cross-entropy), gradient accumulation, autocast/scaler and the
-StepRecord, and the three ways a micro-batch runs: a plain forward/backward, a pipeline
-schedule step (PP: the last stage computes the loss) and a context-parallel forward on
-this rank's share of the sequence (CP). Knows nothing of how the parallelisms are laid
-out: Parallelized says which rows are ours and which module or schedule to call.
+Owns gradient accumulation, autocast/scaler, the optimizer and the StepRecord, and the
+three ways a micro-batch runs: a plain forward/backward, a pipeline schedule step (PP:
+the last stage computes the loss, runtime.parallel.pp.pipeline_loss) and a
+context-parallel forward on this rank's share of the sequence (CP). The loss itself is
+runtime.loss.token_loss. Knows nothing of how the parallelisms are laid out:
+Parallelized says which rows are ours and which module or schedule to call.
 """
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ..plan import MeshAxis, Plan
 from ..records import StepRecord
 from .data import global_batch, local_slice
-from .parallelize import Parallelized
+from .loss import token_loss
+from .parallelized import Parallelized
 
 
 def make_optimizer(par: Parallelized) -> torch.optim.Optimizer:
@@ -42,29 +43,11 @@ def autocast(plan: Plan, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
 def no_sync(par: Parallelized, last: bool):
     """Skip DDP's gradient all-reduce on all but the last accumulation micro-step."""
     if not last and hasattr(par.model, "no_sync"):
         return par.model.no_sync()
     return contextlib.nullcontext()
-
-
-def pipeline_loss(plan: Plan):
-    """The last stage's loss per microbatch, already divided for the mean over the step.
-
-    The schedule runs with scale_grads=False: its own division rescales *all* gradients,
-    accumulated ones from earlier accumulation micro-steps included.
-    """
-    parts = plan.n_microbatches * plan.grad_accum
-
-    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return token_loss(logits, targets) / parts
-
-    return loss_fn
 
 
 def _pipeline_micro(par: Parallelized, mb: torch.Tensor) -> float:

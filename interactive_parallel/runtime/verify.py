@@ -10,12 +10,14 @@ of how the plan is laid out: Parallelized gathers full weights and gradients.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.distributed as dist
 
 from ..plan import Plan
 from ..records import ParamDiff, VerifyReport
-from .parallelize import Parallelized, parallelize
+from .parallelize import parallelize
+from .parallelized import Parallelized
 from .train import forward_backward, local_batch
 
 # Absolute differences allowed against the single-process reference. fp32: the sums run

@@ -1,19 +1,23 @@
 """Pipeline parallel: the decoder layers split into stages, run by torch.distributed.pipelining.
 
 Owns the stage module (a thin nn.Module over the transformers model's own embeddings,
-layers and head: the model code is not edited and the parameter names stay the model's),
-which stages a rank holds (loop order: rank r holds stages r, r + pp, ...), the schedule
-(GPipe, 1F1B, Interleaved1F1B) and a schedule-free forward with plain send/recv for
-inference, whose shapes change every generated token. Knows nothing of the other axes:
-they are applied to the stage modules afterwards.
+layers and head, found through the family's FAMILIES entry: the model code is not edited
+and the parameter names stay the model's), the split into the stages a rank holds (loop
+order: rank r holds stages r, r + pp, ...; Plan.stage_ids), the schedule (GPipe, 1F1B,
+Interleaved1F1B) with the last stage's loss, and a schedule-free forward with plain
+send/recv for inference, whose shapes change every generated token. Knows nothing of the
+other axes: they are applied to the stage modules afterwards.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ...plan import ModelSpec, Plan
+from ..loss import token_loss
 
 
 def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device) -> torch.Tensor | None:
@@ -28,72 +32,90 @@ def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device) ->
 class StageModule(nn.Module):
     """Embeddings (first stage) -> some decoder layers -> norm and LM head (last stage).
 
-    Holds the transformers model's own submodules, so their parameters keep their names
-    relative to the model (`owned_prefixes` lists them). With first and last set and all
-    layers it is the whole model, which context parallel uses as its forward.
+    Holds the transformers model's own submodules, found through the family's entry in
+    plan.models.FAMILIES, so their parameters keep their names relative to the model
+    (`owned_prefixes` lists them). With first and last set and all layers it is the whole
+    model, which context parallel uses as its forward.
     """
 
     def __init__(self, raw: nn.Module, spec: ModelSpec, layer_ids: list[int], first: bool, last: bool):
         super().__init__()
         fam = spec.family_info
-        self.family, self.first, self.last = spec.family, first, last
+
+        def part(path: str | None, held: bool = True) -> nn.Module | None:
+            return raw.get_submodule(path) if path and held else None
+
+        self.first, self.last = first, last
         self.layer_ids = list(layer_ids)
         all_layers = raw.get_submodule(fam.layers_path)
         self.layers = nn.ModuleList([all_layers[i] for i in layer_ids])
-        self.embeds = nn.ModuleList([raw.get_submodule(p) for p in fam.embed_paths]) if first else None
-        self.heads = nn.ModuleList([raw.get_submodule(p) for p in fam.head_paths]) if last else None
-        # Llama's rotary table is a constant buffer every stage needs; it is cheap to share.
-        self.rotary = raw.get_submodule("model.rotary_emb") if spec.family == "llama" else None
+        self.embed = part(fam.embedding_path, first)
+        self.pos_embed = part(fam.position_embedding_path, first)
+        self.embed_drop = part(fam.embedding_dropout_path, first)
+        # A rotary table is a constant buffer every stage needs; it is cheap to share.
+        self.rotary = part(fam.rotary_path)
+        self.norm = part(fam.final_norm_path, last)
+        self.head = part(fam.lm_head_path, last)
         self.owned_prefixes = [f"{fam.layers_path}.{i}." for i in layer_ids]
         self.owned_prefixes += [p + "." for p in fam.embed_paths] if first else []
         self.owned_prefixes += [p + "." for p in fam.head_paths] if last else []
 
     def _embed(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        if self.family == "llama":
-            return self.embeds[0](ids)
-        wte, wpe, drop = self.embeds
-        return drop(wte(ids) + wpe(position_ids))
+        h = self.embed(ids)  # [b, s] -> [b, s, h]
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(position_ids)  # [1 or b, s, h] broadcast over the batch
+        return self.embed_drop(h) if self.embed_drop is not None else h
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
         seq = x.shape[1]
         if position_ids is None:
-            position_ids = torch.arange(seq, device=x.device).unsqueeze(0)
-        h = self._embed(x, position_ids) if self.first else x
-        mask = causal_mask(attention_mask, seq, h.dtype, h.device)
+            position_ids = torch.arange(seq, device=x.device).unsqueeze(0)  # [1, s]
+        h = self._embed(x, position_ids) if self.first else x  # [b, s, h]
+        mask = causal_mask(attention_mask, seq, h.dtype, h.device)  # None or [b, 1, s, s]
         kw = {}
         if self.rotary is not None:
             kw = dict(position_ids=position_ids, position_embeddings=self.rotary(h, position_ids=position_ids))
         for layer in self.layers:
-            h = layer(h, attention_mask=mask, **kw)
+            h = layer(h, attention_mask=mask, **kw)  # [b, s, h]
         if self.last:
-            norm, head = self.heads
-            h = head(norm(h))
+            h = self.head(self.norm(h))  # [b, s, h] -> [b, s, vocab]
         return h
 
 
-def stage_ids(plan: Plan, pp_rank: int) -> list[int]:
-    """Global stage indices held by pipeline rank `pp_rank` (loop order)."""
-    v = plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1
-    return [pp_rank + k * plan.pp for k in range(v)]
-
-
-def n_stages(plan: Plan) -> int:
-    return plan.pp * (plan.virtual_stages if plan.pp_schedule == "interleaved-1f1b" else 1)
-
-
-def split_stages(raw: nn.Module, spec: ModelSpec, plan: Plan, pp_rank: int) -> list[StageModule]:
+def apply_pp(raw: nn.Module, spec: ModelSpec, plan: Plan, pp_rank: int) -> list[StageModule]:
     """The stage modules of this pipeline rank; layers split evenly (validation checks divisibility)."""
-    total = n_stages(plan)
+    total = plan.n_stages
     per = spec.num_layers // total
     return [StageModule(raw, spec, list(range(s * per, (s + 1) * per)), s == 0, s == total - 1)
-            for s in stage_ids(plan, pp_rank)]
+            for s in plan.stage_ids(pp_rank)]
 
 
-def build_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device, loss_fn):
-    """PipelineStage per module and the plan's schedule over them.
+def pipeline_loss(plan: Plan):
+    """The last stage's loss per microbatch, already divided for the mean over the step.
 
-    scale_grads=False: `loss_fn` already divides by the microbatch (and accumulation)
+    The schedule runs with scale_grads=False: its own division rescales *all* gradients,
+    accumulated ones from earlier accumulation micro-steps included.
+    """
+    parts = plan.n_microbatches * plan.grad_accum
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return token_loss(logits, targets) / parts
+
+    return loss_fn
+
+
+def schedule_shape(plan: Plan) -> tuple:
+    """The plan knobs a schedule fixes at its first step: rows per micro-step, seq_len, microbatches,
+    accumulation. A PipelineStage keeps its first buffer shapes; other shapes abort gloo (measured)."""
+    return (plan.batch_size // (plan.data_parallel * plan.grad_accum), plan.seq_len, plan.n_microbatches,
+            plan.grad_accum)
+
+
+def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device) -> tuple[Any, tuple]:
+    """(the plan's schedule over a PipelineStage per module, the schedule_shape it was built for).
+
+    scale_grads=False: pipeline_loss already divides by the microbatch (and accumulation)
     count. The schedule's own scaling divides *every* gradient after each step, which
     would also shrink what earlier accumulation micro-steps left there.
     On gloo the schedules' batched p2p (batch_isend_irecv) ran without hangs for GPipe,
@@ -103,13 +125,13 @@ def build_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device,
                                               ScheduleInterleaved1F1B)
 
     pp_rank = dist.get_rank(pp_group)
-    stages = [PipelineStage(m, s, n_stages(plan), device, group=pp_group)
-              for m, s in zip(stage_modules, stage_ids(plan, pp_rank))]
-    kw = dict(n_microbatches=plan.n_microbatches, loss_fn=loss_fn, scale_grads=False)
+    stages = [PipelineStage(m, s, plan.n_stages, device, group=pp_group)
+              for m, s in zip(stage_modules, plan.stage_ids(pp_rank))]
+    kw = dict(n_microbatches=plan.n_microbatches, loss_fn=pipeline_loss(plan), scale_grads=False)
     if plan.pp_schedule == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, **kw), stages
+        return ScheduleInterleaved1F1B(stages, **kw), schedule_shape(plan)
     cls = ScheduleGPipe if plan.pp_schedule == "gpipe" else Schedule1F1B
-    return cls(stages[0], **kw), stages
+    return cls(stages[0], **kw), schedule_shape(plan)
 
 
 @torch.no_grad()
@@ -122,8 +144,8 @@ def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids
     `ids`, so each can size its receive buffer; the last stage broadcasts the logits.
     """
     pp_rank, pp = dist.get_rank(pp_group), plan.pp
-    mine = dict(zip(stage_ids(plan, pp_rank), stage_modules))
-    total = n_stages(plan)
+    mine = dict(zip(plan.stage_ids(pp_rank), stage_modules))
+    total = plan.n_stages
     b, s = ids.shape
     h = None
     for stage in range(total):
@@ -131,11 +153,12 @@ def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids
         if owner != pp_rank:
             continue
         if stage > 0:
-            h = torch.empty(b, s, hidden_size, device=ids.device)
+            h = torch.empty(b, s, hidden_size, device=ids.device)  # [b, s, h] from the previous stage
             dist.recv(h, group=pp_group, group_src=(stage - 1) % pp)
-        h = mine[stage](ids if stage == 0 else h, **kw)
+        h = mine[stage](ids if stage == 0 else h, **kw)  # [b, s, h], or [b, s, vocab] on the last stage
         if stage < total - 1:
             dist.send(h.float().contiguous(), group=pp_group, group_dst=(stage + 1) % pp)
-    logits = h.float().contiguous() if pp_rank == (total - 1) % pp else torch.empty(b, s, vocab, device=ids.device)
+    last = pp_rank == (total - 1) % pp
+    logits = h.float().contiguous() if last else torch.empty(b, s, vocab, device=ids.device)  # [b, s, vocab]
     dist.broadcast(logits, group=pp_group, group_src=(total - 1) % pp)
     return logits

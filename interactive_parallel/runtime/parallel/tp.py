@@ -1,10 +1,12 @@
 """Tensor parallel: weight matrices of the decoder layers split across the tp mesh axis.
 
 Owns turning a family's TP plan (plan.models.FAMILIES[...].tp_plan, module path -> style
-name) into DTensor ParallelStyles, the styles for GPT-2's Conv1D (weight stored (in, out))
-and its fused q|k|v projection, sequence parallelism of the norms, and rewriting the
-attention modules' head bookkeeping for the local shard. The model code is never edited.
-Knows nothing of other mesh axes or of how the model is trained.
+name) into DTensor ParallelStyles, including linears whose weight is stored transposed
+(transformers' Conv1D, FamilyInfo.weights_transposed) and fused q|k|v projections
+(style 'colwise_fused_qkv', regrouped per head first), sequence parallelism of the norms,
+and rewriting the attention modules' head bookkeeping for the local shard
+(FamilyInfo.local_head_attrs). Reads the family's facts, never its name; the model code
+is never edited. Knows nothing of other mesh axes or of how the model is trained.
 """
 from __future__ import annotations
 
@@ -19,11 +21,6 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 from ...plan import ModelSpec
 
 
-def _is_conv1d(module: nn.Module) -> bool:
-    # transformers.pytorch_utils.Conv1D: a Linear whose weight is stored transposed (in, out).
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
-
-
 def _distribute(module: nn.Module, mesh, placements: dict[str, list]) -> None:
     for name, spec in placements.items():
         param = getattr(module, name, None)
@@ -36,10 +33,17 @@ def _distribute(module: nn.Module, mesh, placements: dict[str, list]) -> None:
 
 
 class Colwise(ColwiseParallel):
-    """ColwiseParallel that also takes Conv1D (weight Shard(1), bias Shard(0))."""
+    """ColwiseParallel that also takes a transposed (in, out) weight (Conv1D): weight Shard(1), bias Shard(0).
+
+    x [b, s, h] (replicated) -> y [b, s, out/tp] (sharded on the last dim).
+    """
+
+    def __init__(self, *, transposed: bool = False, **kw):
+        super().__init__(**kw)
+        self.transposed = transposed
 
     def _apply(self, module: nn.Module, device_mesh):
-        if not _is_conv1d(module):
+        if not self.transposed:
             return super()._apply(module, device_mesh)
         return distribute_module(
             module, device_mesh,
@@ -49,10 +53,17 @@ class Colwise(ColwiseParallel):
 
 
 class Rowwise(RowwiseParallel):
-    """RowwiseParallel that also takes Conv1D (weight Shard(0), bias Replicate)."""
+    """RowwiseParallel that also takes a transposed (in, out) weight (Conv1D): weight Shard(0), bias Replicate.
+
+    x [b, s, in/tp] (sharded on the last dim) -> y [b, s, h] (all-reduced; or [b, s/tp, h] under SP).
+    """
+
+    def __init__(self, *, transposed: bool = False, **kw):
+        super().__init__(**kw)
+        self.transposed = transposed
 
     def _apply(self, module: nn.Module, device_mesh):
-        if not _is_conv1d(module):
+        if not self.transposed:
             return super()._apply(module, device_mesh)
         self.desired_input_layouts = (Shard(-1),)
         return distribute_module(
@@ -62,110 +73,113 @@ class Rowwise(RowwiseParallel):
             partial(self._prepare_output_fn, self.output_layouts, self.use_local_output))
 
 
-def fused_qkv_permutation(hidden: int, tp: int) -> torch.Tensor:
-    """Column order that turns [q | k | v] into [q0 k0 v0 | q1 k1 v1 | ...] (one block per tp rank).
+def fused_qkv_permutation(q: int, kv: int, tp: int) -> torch.Tensor:
+    """Output-feature order that turns [q | k | v] into [q0 k0 v0 | q1 k1 v1 | ...] (one block per tp rank).
 
-    A plain column split of the fused projection would give rank 0 all of q and part of k;
+    A plain split of the fused projection would give rank 0 all of q and part of k;
     permuting first makes each rank's contiguous shard hold the q, k and v of its own heads.
     """
-    per = hidden // tp
-    idx = torch.arange(3 * hidden).view(3, tp, per)  # (q|k|v, rank, column)
-    return idx.transpose(0, 1).reshape(-1)
+    parts = (torch.arange(q), q + torch.arange(kv), q + kv + torch.arange(kv))
+    pieces = [p.chunk(tp) for p in parts]  # (q|k|v) x tp pieces of q/tp or kv/tp features
+    return torch.cat([piece[r] for r in range(tp) for piece in pieces])
 
 
-def permute_fused_qkv(module: nn.Module, perm: torch.Tensor) -> None:
-    with torch.no_grad():
-        module.weight.data = module.weight.data[:, perm].contiguous()
-        module.bias.data = module.bias.data[perm].contiguous()
+def permute(full: torch.Tensor, dim: int, perm: torch.Tensor) -> torch.Tensor:
+    """A fused weight in checkpoint order -> its permuted (sharded) layout along `dim`."""
+    return full.index_select(dim, perm).contiguous()
 
 
-def unpermute(full: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+def unpermute(full: torch.Tensor, dim: int, perm: torch.Tensor) -> torch.Tensor:
     """The checkpoint layout of a fused weight gathered in its permuted (sharded) layout."""
-    return full[..., torch.argsort(perm)].contiguous()
+    return full.index_select(dim, torch.argsort(perm)).contiguous()
 
 
-def permute(full: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
-    return full[..., perm].contiguous()
+def _style(style: str, transposed: bool, out_layout) -> nn.Module:
+    if style.startswith("colwise"):
+        return Colwise(transposed=transposed)
+    return Rowwise(transposed=transposed, output_layouts=out_layout)
 
 
 def layer_tp_plan(spec: ModelSpec, layer_ids, sequence_parallel: bool) -> dict[str, nn.Module]:
-    """Module path -> ParallelStyle for the given decoder layers."""
-    out_layout = Shard(1) if sequence_parallel else Replicate()
-    plan: dict[str, nn.Module] = {}
-    for pattern, style in spec.family_info.tp_plan.items():
-        for i in layer_ids:
-            path = pattern.replace("*", str(i))
-            if style.startswith("colwise"):
-                plan[path] = Colwise()
-            else:
-                plan[path] = Rowwise(output_layouts=out_layout)
-    return plan
+    """Module path -> ParallelStyle for the given decoder layers (the family's tp_plan, expanded)."""
+    fam = spec.family_info
+    out_layout = Shard(1) if sequence_parallel else Replicate()  # rowwise output [b, s/tp, h] or [b, s, h]
+    return {pattern.replace("*", str(i)): _style(style, fam.weights_transposed, out_layout)
+            for pattern, style in fam.tp_plan.items() for i in layer_ids}
 
 
 def _sp_plan(spec: ModelSpec, layer_ids) -> dict[str, nn.Module]:
     """Norms run on sequence shards; attention and MLP gather the sequence at their input."""
     fam = spec.family_info
-    lp = fam.layers_path
+
+    def gather(kwarg: str | None = None) -> PrepareModuleInput:  # [b, s/tp, h] -> [b, s, h] at the input
+        if kwarg:
+            return PrepareModuleInput(input_kwarg_layouts={kwarg: Shard(1)},
+                                      desired_input_kwarg_layouts={kwarg: Replicate()})
+        return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
     plan: dict[str, nn.Module] = {}
-    if spec.family == "llama":
-        norms, attn_kw, mlp = ("input_layernorm", "post_attention_layernorm"), "hidden_states", "mlp"
-    else:
-        norms, attn_kw, mlp = ("ln_1", "ln_2"), None, "mlp"
     for i in layer_ids:
-        for n in norms:
-            plan[f"{lp}.{i}.{n}"] = SequenceParallel()
-        if attn_kw:
-            plan[f"{lp}.{i}.{fam.attention_path}"] = PrepareModuleInput(
-                input_kwarg_layouts={attn_kw: Shard(1)}, desired_input_kwarg_layouts={attn_kw: Replicate()})
-        else:
-            plan[f"{lp}.{i}.{fam.attention_path}"] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-        plan[f"{lp}.{i}.{mlp}"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        block = f"{fam.layers_path}.{i}"
+        for norm in fam.norm_paths:
+            plan[f"{block}.{norm}"] = SequenceParallel()  # [b, s/tp, h] in and out
+        plan[f"{block}.{fam.attention_path}"] = gather(fam.attention_input)
+        plan[f"{block}.{fam.mlp_path}"] = gather()
     return plan
 
 
 def localize_attention(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> None:
-    """Head bookkeeping of each attention module for its local heads.
+    """Divide the attention attributes that hold global widths (FamilyInfo.local_head_attrs) by tp.
 
     Llama reshapes with view(..., -1, head_dim), so its local shapes follow by themselves
-    (num_key_value_groups is a ratio and stays right). GPT-2 splits c_attn's output with
-    split_size = embed_dim, a global width: it must become the local width.
+    (num_key_value_groups is a ratio and stays right): it lists none. GPT-2 splits c_attn's
+    output with split_size = embed_dim, a global width: it must become the local width.
     """
-    if spec.family != "gpt2":
-        return
-    layers = model.get_submodule(spec.family_info.layers_path)
+    fam = spec.family_info
+    layers = model.get_submodule(fam.layers_path)
     for i in layer_ids:
-        attn = layers[i].get_submodule(spec.family_info.attention_path)
-        attn.split_size = attn.embed_dim // tp
-        attn.num_heads = attn.num_heads // tp
-        attn.embed_dim = attn.embed_dim // tp
+        attn = layers[i].get_submodule(fam.attention_path)
+        for attr in fam.local_head_attrs:
+            setattr(attn, attr, getattr(attn, attr) // tp)
+
+
+def _permute_fused(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> dict:
+    """Regroup each 'colwise_fused_qkv' projection per head, in place; {param name: (dim, perm)}."""
+    fam = spec.family_info
+    perm = fused_qkv_permutation(spec.width("q"), spec.width("kv"), tp)
+    weight_dim = 1 if fam.weights_transposed else 0  # the output features of the weight
+    perms: dict[str, tuple[int, torch.Tensor]] = {}
+    for pattern, style in fam.tp_plan.items():
+        if style != "colwise_fused_qkv":
+            continue
+        for i in layer_ids:
+            path = pattern.replace("*", str(i))
+            module = model.get_submodule(path)
+            for leaf, dim in (("weight", weight_dim), ("bias", 0)):
+                param = getattr(module, leaf, None)
+                if param is None:
+                    continue
+                with torch.no_grad():
+                    param.data = permute(param.data, dim, perm)
+                perms[f"{path}.{leaf}"] = (dim, perm)
+    return perms
 
 
 def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False) -> dict:
     """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place.
 
-    Returns {param name: column permutation} for fused weights whose sharded logical
+    Returns {param name: (dim, permutation)} for fused weights whose sharded logical
     layout differs from the checkpoint layout (full_state_dict undoes it).
     """
     tp = mesh.size()
-    layers = model.get_submodule(spec.family_info.layers_path)
-    perms: dict[str, torch.Tensor] = {}
-    for pattern, style in spec.family_info.tp_plan.items():
-        if style != "colwise_fused_qkv":
-            continue
-        perm = fused_qkv_permutation(spec.hidden_size, tp)
-        for i in layer_ids:
-            path = pattern.replace("*", str(i))
-            permute_fused_qkv(model.get_submodule(path), perm)
-            perms[f"{path}.weight"] = perm
-            perms[f"{path}.bias"] = perm
+    perms = _permute_fused(model, spec, layer_ids, tp)
     plan = layer_tp_plan(spec, layer_ids, sequence_parallel)
     if sequence_parallel:
         plan.update(_sp_plan(spec, layer_ids))
     parallelize_module(model, mesh, plan, src_data_rank=None)
     localize_attention(model, spec, layer_ids, tp)
     if sequence_parallel:
-        _sequence_boundaries(layers, sorted(layer_ids), mesh)
+        _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh)
     return perms
 
 
@@ -181,12 +195,13 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     ids = set(layer_ids)
 
     def cut(_mod, args, kwargs):
-        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)
-        return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs
+        x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)  # [b, s, h]
+        return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs  # [b, s/tp, h]
 
     def gather(_mod, _args, out):
-        x = out[0] if isinstance(out, tuple) else out
-        full = DTensor.from_local(x, mesh, [Shard(1)], run_check=False).redistribute(mesh, [Replicate()]).to_local()
+        x = out[0] if isinstance(out, tuple) else out  # [b, s/tp, h]
+        x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
+        full = x.redistribute(mesh, [Replicate()]).to_local()  # [b, s, h]
         # A copy, not the view to_local gives: FSDP2/replicate wrap this layer's output with
         # their pre-backward hook, which an in-place op on a view would silently drop.
         full = full.clone()

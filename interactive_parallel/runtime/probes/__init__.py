@@ -70,8 +70,6 @@ class StepProbe:
 
     def _measured(self) -> dict:
         """Last byte counts per shape, kept on the layout they belong to."""
-        if not hasattr(self.par, "measured_bytes"):
-            self.par.measured_bytes = {}
         return self.par.measured_bytes
 
     def measures(self) -> bool:

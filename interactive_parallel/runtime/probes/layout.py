@@ -7,9 +7,9 @@ TP-sharded dim); `local_shape` is what the rank really holds (FSDP's padding exc
 A plain tensor is the whole tensor, replicated (no placements). Under PP only the
 parameters of this rank's stages are listed, each with its stage index.
 
-Names are the transformers model's parameter names. Does not know GPT-2's fused q|k|v
-permutation under TP: ranges refer to the permuted (sharded) column order the runtime
-trains in (`Parallelized.perms` maps it back).
+Names are the transformers model's parameter names. Does not know the permutation of a
+fused q|k|v projection under TP (GPT-2's c_attn): ranges refer to the permuted (sharded)
+order the runtime trains in (`Parallelized.perms` maps it back).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ...records import ShardRecord
 def _stage_of(par) -> dict[str, int]:
     """Parameter-name prefix -> global stage index, for the stages this rank holds."""
     out: dict[str, int] = {}
-    total = par.plan.pp * (par.plan.virtual_stages if par.plan.pp_schedule == "interleaved-1f1b" else 1)
+    total = par.plan.n_stages
     for s in par.stages:
         per = len(s.layer_ids)
         index = s.layer_ids[0] // per if per else (0 if s.first else total - 1)

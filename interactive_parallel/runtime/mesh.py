@@ -1,0 +1,90 @@
+"""The DeviceMesh of a plan and the process groups cut from it, cached per process group.
+
+Owns building the mesh over the axes a plan uses (in plan.MESH_ORDER), the cache that
+lets a hot re-plan reuse meshes and groups instead of creating fresh gloo groups, which
+data-parallel mesh (replicate, shard, or HSDP's 2-D pair) gradients are synchronized
+over once dp, fsdp and cp are folded together, and the group of the ranks that hold a
+tied embedding and LM head in different pipeline stages. Knows nothing of models or of
+how each parallelism uses its mesh: runtime.parallelize hands the meshes to apply_<x>.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+from ..plan import MESH_ORDER, MeshAxis, Plan, axis_groups
+
+# Meshes and groups per world group: every hot re-plan would otherwise create fresh gloo
+# groups (sockets and threads per member) that nothing frees until the process group dies.
+_GROUPS: dict[Any, Any] = {}
+
+
+def cached(key: tuple, make: Callable[[], Any]) -> Any:
+    """`make()` once per key and process group (a new world group drops the old, dead ones)."""
+    if _GROUPS.get("world") is not dist.group.WORLD:
+        _GROUPS.clear()
+        _GROUPS["world"] = dist.group.WORLD
+    if key not in _GROUPS:
+        _GROUPS[key] = make()
+    return _GROUPS[key]
+
+
+def build_mesh(plan: Plan, device_type: str):
+    """A DeviceMesh over the axes > 1, in MESH_ORDER (None without a process group or peers).
+
+    Its sub-groups inherit dist.init's timeout: dist.init sets c10d.default_pg_timeout
+    first (tests check the sub-groups get it).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized() or plan.world_size == 1:
+        return None
+    names = tuple(a.value for a in MESH_ORDER if getattr(plan, a.value) > 1)
+    shape = tuple(getattr(plan, n) for n in names)
+    return cached(("mesh", device_type, names, shape),
+                  lambda: init_device_mesh(device_type, shape, mesh_dim_names=names))
+
+
+def _flat(mesh, axes: list[str]):
+    """(name, 1-D mesh) of `axes` folded into one, or (None, None) for no axes."""
+    if not axes:
+        return None, None
+    if len(axes) == 1:
+        return axes[0], mesh[axes[0]]
+    name = "_".join(axes)
+    return name, mesh[tuple(axes)]._flatten(name)
+
+
+def data_parallel_meshes(plan: Plan, mesh):
+    """(shard mesh or None, replicate mesh or None) for gradient sync over dp, fsdp and cp.
+
+    cp ranks hold the same parameters and see different tokens, so for gradients they are
+    data-parallel ranks: folded into the shard axis under FSDP, else the replicate axis.
+    With both a shard and a replicate axis the shard mesh is 2-D (replicate, shard): HSDP.
+    """
+    shard = [a for a in ("fsdp", "cp") if getattr(plan, a) > 1] if plan.fsdp > 1 else []
+    repl = [a for a in ("dp", "cp") if getattr(plan, a) > 1 and a not in shard]
+    shard_name, shard_mesh = _flat(mesh, shard)
+    repl_name, repl_mesh = _flat(mesh, repl)
+    if shard_mesh is not None and repl_mesh is not None:
+        return mesh[(repl_name, shard_name)], None
+    return shard_mesh, repl_mesh
+
+
+def tie_group(plan: Plan, tied: bool, rank: int):
+    """Process group of the pipeline ranks holding the first and the last stage, or None.
+
+    Only needed when `tied` (one weight for the embedding and the LM head) and the two
+    stages sit on different ranks. Every rank creates every pair's group, in one order.
+    """
+    if plan.pp == 1 or not tied:
+        return None
+    last_owner = (plan.n_stages - 1) % plan.pp
+    mine = None
+    for ranks in axis_groups(plan.mesh_shape, MeshAxis.PP):
+        pair = sorted({ranks[0], ranks[last_owner]})
+        group = cached(("tie", tuple(pair)), lambda: dist.new_group(pair))
+        if rank in pair:
+            mine = group
+    return mine
