@@ -69,3 +69,9 @@ def test_resolve_model_presets_configs_and_unknown(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama", "vocab_size": 128, "num_hidden_layers": 2}')
     spec = resolve_model(str(tmp_path))
     assert spec.source == str(tmp_path.resolve()) and spec.num_layers == 2
+
+
+def test_pipeline_stages_in_loop_order():
+    inter = Plan(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
+    assert inter.n_stages == 4 and inter.stage_ids(0) == [0, 2] and inter.stage_ids(1) == [1, 3]
+    assert Plan(pp=4).n_stages == 4 and Plan(pp=4).stage_ids(3) == [3]

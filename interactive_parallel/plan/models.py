@@ -86,8 +86,8 @@ class ModelSpec:
 TP_STYLES: dict[str, str] = {
     "colwise": "output features split over tp; the input arrives whole, the output leaves sharded",
     "rowwise": "input features split over tp; the partial outputs are all-reduced, the bias is replicated",
-    "colwise_fused_qkv": "colwise on a fused [q | k | v] projection whose columns are regrouped per head "
-                         "first, so each tp rank holds the q, k and v of its own heads",
+    "colwise_fused_qkv": "colwise on a fused [q | k | v] projection whose output features are regrouped "
+                         "per head first, so each tp rank holds the q, k and v of its own heads",
 }
 """The TP style names a family's tp_plan may use, and what each does to a linear."""
 

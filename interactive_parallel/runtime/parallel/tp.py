@@ -19,6 +19,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                SequenceParallel, parallelize_module)
 
 from ...plan import ModelSpec
+from ...plan.models import TP_STYLES
 
 
 def _distribute(module: nn.Module, mesh, placements: dict[str, list]) -> None:
@@ -95,6 +96,8 @@ def unpermute(full: torch.Tensor, dim: int, perm: torch.Tensor) -> torch.Tensor:
 
 
 def _style(style: str, transposed: bool, out_layout) -> nn.Module:
+    if style not in TP_STYLES:
+        raise ValueError(f"TP style {style!r} is not one of {', '.join(TP_STYLES)}")
     if style.startswith("colwise"):
         return Colwise(transposed=transposed)
     return Rowwise(transposed=transposed, output_layouts=out_layout)
