@@ -10,6 +10,7 @@ from interactive_parallel.plan import PRESETS
 from interactive_parallel.plan.estimate import (chunk, local_tensors, param_inventory, predict_activations,
                                                 predict_comms, predict_memory)
 from interactive_parallel.plan.models import ModelSpec
+from interactive_parallel.records import CommEstimate
 
 pytestmark = pytest.mark.pure
 LLAMA, GPT2 = PRESETS["tiny-llama"], PRESETS["tiny-gpt2"]
@@ -78,10 +79,10 @@ def test_activation_estimate_scales_with_tokens_and_stages():
 
 def test_comms_rules():
     dp = predict_comms(LLAMA, Plan(dp=4))
-    assert dp == [{"op": "all_reduce", "axis": "dp", "count": None, "bytes": 4 * LLAMA_PARAMS}]
-    fsdp = {d["op"]: d for d in predict_comms(LLAMA, Plan(fsdp=4))}
-    assert fsdp["reduce_scatter"]["bytes"] == 4 * LLAMA_PARAMS and fsdp["all_gather"]["count"] == 10
-    pp = {d["op"]: d for d in predict_comms(LLAMA, Plan(pp=2, dp=2, batch_size=8, seq_len=32))}
-    assert pp["send"]["bytes"] == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
-    tp = {(d["op"], d["axis"]): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
-    assert tp[("all_reduce", "tp")]["count"] == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer
+    assert dp == [CommEstimate(rank=0, op="all_reduce", axis="dp", count=None, bytes=4 * LLAMA_PARAMS)]
+    fsdp = {d.op: d for d in predict_comms(LLAMA, Plan(fsdp=4))}
+    assert fsdp["reduce_scatter"].bytes == 4 * LLAMA_PARAMS and fsdp["all_gather"].count == 10
+    pp = {d.op: d for d in predict_comms(LLAMA, Plan(pp=2, dp=2, batch_size=8, seq_len=32))}
+    assert pp["send"].bytes == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
+    tp = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
+    assert tp[("all_reduce", "tp")].count == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer

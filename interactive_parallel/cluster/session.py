@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
-from ..records import CommEstimate, RecordList, StepRecord, TokenRecord, VerifyReport
+from ..records import RecordList, StepRecord, TokenRecord, VerifyReport
 from .errors import SessionError
 from .model_ops import ModelOps
 from .pool import AttachedPool, LocalPool, Pool
@@ -225,8 +225,7 @@ class Session:
         from ..plan.estimate import predict_comms
 
         spec = self.model.require_model()
-        rows = predict_comms(spec, plan or self.plan or self.model.default_plan())
-        return RecordList([r if isinstance(r, CommEstimate) else CommEstimate(rank=0, **r) for r in rows])
+        return RecordList(predict_comms(spec, plan or self.plan or self.model.default_plan()))
 
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..records import MemoryRecord
+from ..records import CommEstimate, MemoryRecord
 from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
 from .plan import Plan
@@ -193,8 +193,8 @@ def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]
     return [tuple(v) for v in units.values()]  # type: ignore[misc]
 
 
-def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[dict]:
-    """Bytes per optimizer step on `rank`, one dict per (op, axis): {'op', 'axis', 'count', 'bytes'}.
+def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstimate]:
+    """Bytes per optimizer step on `rank`, one CommEstimate per (op, axis).
 
     Same convention as the comm ledger (runtime/probes/comms.py): an op's bytes are its full
     buffer (all_gather output, reduce_scatter input). What the runtime does, per step:
@@ -214,7 +214,7 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[dict]:
 
     def add(op: str, axis: str, count: int | None, nbytes: float) -> None:
         if nbytes > 0:
-            out.append({"op": op, "axis": axis, "count": count, "bytes": int(nbytes)})
+            out.append(CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes)))
 
     units = _unit_bytes(spec, plan, rank)
     f_size, _ = _shard_group(plan, coords)
