@@ -274,9 +274,26 @@ class VerifyReport(Record):
         p.text(str(self))
 
 
+@dataclass
+class FaultSpec(Record):
+    """A fault to inject on one rank (Session.inject; see runtime/faults.py for the kinds)."""
+
+    kind: ClassVar[str] = "fault"
+    rank: int
+    fault: str
+    """'kill', 'hang', 'raise', 'skip_collective' or 'slow'."""
+    at_step: int = 0
+    """Which boundary of the next long call (0: before its first step or decoding step)."""
+    where: str = "step"
+    """'step' (at the boundary) or 'collective' (inside the `collective`-th collective of that step)."""
+    collective: int = 0
+    seconds: float = 0.0
+    """slow: how long to sleep; hang: how long (0: until the rank is killed)."""
+
+
 RECORD_TYPES: dict[str, type[Record]] = {
     t.kind: t for t in (StepRecord, MemoryRecord, CommRecord, ShardRecord, PipelineEvent, TokenRecord, RankInfo,
-                        CommEstimate, ParamDiff, VerifyReport)}
+                        CommEstimate, ParamDiff, VerifyReport, FaultSpec)}
 
 
 def from_dict(d: dict[str, Any]) -> Record:

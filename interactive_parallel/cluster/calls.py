@@ -134,7 +134,8 @@ class RankCaller:
         for rank, ar in failed[1:]:
             e, v, _ = remote_error_fields(ar.exception())
             others[rank] = f"{e}: {v}"
-        raise RankError(first_rank, ename, evalue, tb, host=self.hosts[first_rank], what=what, others=others)
+        raise RankError(first_rank, ename, evalue, tb, host=self.hosts[first_rank], what=what, others=others,
+                        stuck=[r for r, _ in self.pending])
 
     async def _settle(self, submitted: Submitted, timeout: float, what: str) -> list[Any]:
         failed = [(r, ar) for r, ar in submitted if ar.done() and ar.exception() is not None]

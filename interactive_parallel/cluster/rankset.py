@@ -16,13 +16,20 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from ..records import RecordList
+from ..records import FaultSpec, RecordList
 from ..runtime import api
 from . import engine_side
 from .calls import RankCaller, Submitted
 from .errors import RankError, RankTimeout, SessionError
 from .pool import Pool
 
+DEATH_WAIT_S = 2.0
+"""After a failure, how long to look for a dead engine behind it (its peers fail first)."""
+_RANK_OWN_ERRORS = {"InjectedFault", "ValueError", "TypeError", "KeyError", "AttributeError", "NameError",
+                    "AssertionError", "IndexError", "ZeroDivisionError", "NotImplementedError"}
+"""Errors a rank raises of its own accord: no dead peer behind them, nothing to wait for."""
+STUCK_MARGIN_S = 5.0
+"""Past the collective timeout, how long a rank may still be busy before it counts as hung."""
 DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "threads", "torch", "transformers",
                   "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
 
@@ -56,6 +63,8 @@ class RankSet:
     """The ipyparallel DirectView of the ranks, in rank order (%px reaches them through it)."""
     running: Submitted | None = None
     """The streaming call in flight (interrupt() aborts it)."""
+    faults: list[FaultSpec] = field(default_factory=list)
+    """Faults armed for the next long call (so its error can say which one it was)."""
     dirty: bool = False
     """A call failed with peers possibly left in a collective: re-form the group before the next."""
     _paths: set[str] = field(default_factory=set)
@@ -141,9 +150,15 @@ class RankSet:
             raise SessionError("the ranks are busy with a running call (train/generate): interrupt() it "
                                "or wait for it to finish")
         if self.caller.pending:
-            stuck = await self.caller.drain(self.collective_timeout + 10)
+            # Peers of a failed rank leave their collective within the collective timeout; a rank
+            # still busy after that (and a margin) is hung: a pool we own replaces it.
+            stuck = await self.caller.drain(self.collective_timeout + STUCK_MARGIN_S)
             if stuck:
-                raise SessionError(f"rank(s) {stuck} are still busy with an earlier call")
+                if not self.pool.owned:
+                    raise SessionError(f"rank(s) {stuck} are still busy with an earlier call; restart their "
+                                       "engines in the cluster, then call restart_ranks()")
+                warnings.warn(f"rank(s) {stuck} did not finish the last call: replacing them")
+                await self._kill([self.info[r]["pid"] for r in stuck])
         dead = self.dead_ranks()
         if dead:
             if not self.pool.owned:
@@ -164,7 +179,10 @@ class RankSet:
         try:
             return await caller.wait(caller.submit(fn, args, kwargs, ranks=ranks, per_rank=per_rank),
                                      timeout or self.timeout, what)
-        except (RankError, RankTimeout):
+        except RankError as exc:
+            self.dirty = bool(caller.pending) or self.dirty
+            raise await self._explain(exc) from exc
+        except RankTimeout:
             self.dirty = bool(caller.pending) or self.dirty
             raise
 
@@ -179,11 +197,15 @@ class RankSet:
             caller.abort(submitted)
         try:
             return await caller.stream(submitted, on_item, timeout or self.timeout, what)
-        except (RankError, RankTimeout):
+        except RankError as exc:
+            self.dirty = bool(caller.pending) or self.dirty
+            raise await self._explain(exc) from exc
+        except RankTimeout:
             self.dirty = bool(caller.pending) or self.dirty
             raise
         finally:
             self.running = None
+            self.faults = []  # armed for this call only (the ranks forget them too)
 
     def abort(self) -> bool:
         """Ask the ranks to stop the streaming call at its next boundary; False if none runs."""
@@ -193,7 +215,72 @@ class RankSet:
         self.caller.abort(running)
         return True
 
+    async def inject(self, fault: FaultSpec) -> FaultSpec:
+        """Arm `fault` on its rank (checked here first: nothing is sent for a bad one)."""
+        from ..runtime.faults import KINDS, PLACES
+
+        problems = []
+        if not isinstance(fault.rank, int) or not 0 <= fault.rank < self.world_size:
+            problems.append(f"rank({fault.rank}) is not one of 0..{self.world_size - 1}")
+        if fault.fault not in KINDS:
+            problems.append(f"fault {fault.fault!r} is not one of {', '.join(KINDS)}")
+        if fault.where not in PLACES:
+            problems.append(f"where {fault.where!r} is not one of {', '.join(PLACES)}")
+        if not isinstance(fault.at_step, int) or fault.at_step < 0:
+            problems.append(f"at_step({fault.at_step}) must be a whole number >= 0")
+        if not isinstance(fault.collective, int) or fault.collective < 0:
+            problems.append(f"collective({fault.collective}) must be a whole number >= 0")
+        if fault.seconds < 0:
+            problems.append(f"seconds({fault.seconds}) must be >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+        await self.require()
+        await self.call(api.inject, (fault,), ranks=[fault.rank], what="inject")
+        self.faults.append(fault)
+        return fault
+
     # ---- failures ----------------------------------------------------------------------------------
+    async def _explain(self, exc: RankError) -> RankError:
+        """The error to show for a failed call: when a rank died, its peers' "connection closed"
+        came first; name the dead rank instead (ipyparallel's heartbeat reports it within about a
+        second), and name the injected fault behind it, if one was armed."""
+        import asyncio
+
+        dead: list[int] = []
+        if exc.ename not in _RANK_OWN_ERRORS:
+            for _ in range(int(DEATH_WAIT_S / 0.05)):
+                dead = self.dead_ranks()
+                if dead or self.caller is None:
+                    break
+                await asyncio.sleep(0.05)
+        if dead and exc.rank not in dead:
+            others = {**exc.others, exc.rank: f"{exc.ename}: {(exc.evalue.splitlines() or [''])[0][:200]}"}
+            exc = RankError(dead[0], "EngineDied", f"the process of rank {dead[0]} is gone (killed, out of memory "
+                            "or crashed); its peers lost their connections", "", host=self.caller.hosts[dead[0]],
+                            what=exc.what, others=others, stuck=[r for r in exc.stuck if r not in dead])
+        culprit = next((f for f in self.faults if f.rank in (exc.rank, *exc.stuck)), None)
+        if culprit is not None:
+            exc = exc.with_fault(f"{culprit.fault} on rank {culprit.rank} at step {culprit.at_step}"
+                                 + (f", collective {culprit.collective}" if culprit.where == "collective" else ""))
+        return exc
+
+    async def _kill(self, pids: list[int]) -> None:
+        """SIGKILL engines of our own pool, then wait (bounded) until the controller reports them gone."""
+        import asyncio
+        import signal
+
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        doomed = {r for r, i in enumerate(self.info) if i["pid"] in pids}
+        for _ in range(200):  # the heartbeat notices a dead engine within a few of its periods
+            if doomed <= set(self.dead_ranks()):
+                return
+            await asyncio.sleep(0.05)
+        self.caller.pending = []
+
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine is gone (killed, out of memory, crashed)."""
         if self.pool is None or self.caller is None or self.pool.client is None:

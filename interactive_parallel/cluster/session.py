@@ -15,7 +15,7 @@ import weakref
 from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
-from ..records import RecordList, StepRecord, TokenRecord, VerifyReport
+from ..records import FaultSpec, RecordList, StepRecord, TokenRecord, VerifyReport
 from .errors import SessionError
 from .model_ops import ModelOps
 from .pool import AttachedPool, LocalPool, Pool
@@ -131,6 +131,15 @@ class Session:
     async def run_async(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
         """fn(*args, **kwargs) on every rank (process group ready); the results in rank order."""
         return await self.ranks.run(fn, *args, timeout=timeout, **kwargs)
+
+    async def inject_async(self, rank: int, fault: str, at_step: int = 0, *, where: str = "step",
+                           collective: int = 0, seconds: float = 0.0) -> FaultSpec:
+        """Arm a fault on `rank` for the next train/generate/serve call, for tests and teaching:
+        'kill', 'hang', 'raise', 'skip_collective' or 'slow' (`seconds`), at that call's
+        `at_step`-th step boundary (0: the first) or inside the `collective`-th collective of
+        that step (`where='collective'`). The failure is then reported as it would be for real."""
+        return await self.ranks.inject(FaultSpec(rank=rank, fault=fault, at_step=at_step, where=where,
+                                                 collective=collective, seconds=seconds))
 
     # ---- the model ---------------------------------------------------------------------------------
     async def load_model_async(self, model: Any = "tiny-llama") -> ModelSpec:

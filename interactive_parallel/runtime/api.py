@@ -15,7 +15,7 @@ import socket
 from typing import Any
 
 from ..plan import ModelSpec, Plan
-from ..records import RankInfo, ShardRecord, StepRecord, TokenRecord, VerifyReport
+from ..records import FaultSpec, RankInfo, ShardRecord, StepRecord, TokenRecord, VerifyReport
 from . import state as _state
 
 
@@ -143,18 +143,23 @@ def train(steps: int) -> list[StepRecord]:
     ends. Before every step the ranks agree whether to stop (one tiny collective), so all of
     them stop at the same boundary. Returns the records no channel took (all of them when no
     driver listens)."""
-    from . import channel
+    from . import channel, faults
     from .train import train_step as _step
 
     st = _require_plan()
     kept = []
-    for _ in range(steps):
-        if channel.agree_stop(st.parallel.device):
-            break
-        rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
-        st.step += 1
-        if not channel.emit(rec):
-            kept.append(rec)
+    faults.call_started()
+    try:
+        for _ in range(steps):
+            if channel.agree_stop(st.parallel.device):
+                break
+            faults.boundary()
+            rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
+            st.step += 1
+            if not channel.emit(rec):
+                kept.append(rec)
+    finally:
+        faults.disarm()  # armed for this call only
     return kept
 
 
@@ -168,7 +173,7 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
     """
     import time
 
-    from . import channel
+    from . import channel, faults
     from .generate import generate as _generate
 
     st = _require_plan()
@@ -184,10 +189,33 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
             for j, i in enumerate(mine):
                 channel.emit(TokenRecord(rank=st.rank, prompt=i, position=position, text=pieces[j], done=done[j],
                                          time=now))
-        return channel.agree_stop(par.device)
+        if channel.agree_stop(par.device):
+            return True
+        faults.boundary()  # before the next decoding step
+        return False
 
-    texts = _generate(par, padded, max_new_tokens, on_step=on_step, **options)
+    faults.call_started()
+    try:
+        faults.boundary()  # the first decoding step
+        texts = _generate(par, padded, max_new_tokens, on_step=on_step, **options)
+    finally:
+        faults.disarm()  # armed for this call only
     return {i: texts[j] for j, i in enumerate(mine)}
+
+
+def inject(fault: FaultSpec) -> list[FaultSpec]:
+    """Arm a fault on this rank for its next long call (runtime/faults.py); the armed list."""
+    from . import faults
+
+    faults.arm(fault)
+    return faults.armed()
+
+
+def disarm() -> int:
+    """Forget the faults armed on this rank; how many there were."""
+    from . import faults
+
+    return faults.disarm()
 
 
 def layout() -> list[ShardRecord]:

@@ -61,6 +61,7 @@ _LOCK = threading.Lock()
 _ACTIVE: list["Ledger"] = []
 _LIBS: list = []
 _ORIG_WAIT: list = []
+_BEFORE: list = []
 _NESTED = threading.local()
 
 
@@ -182,8 +183,11 @@ def _kernel(op, short: str, functional: bool):
     after = torch._C._after_autograd_keyset
 
     def kernel(keyset, *args, **kwargs):
+        nested = getattr(_NESTED, "depth", 0)
+        if _BEFORE and not nested and short != "wait_tensor" and _BEFORE[0](kind):
+            return _skipped(op, args)
         ledger = _ACTIVE[-1] if _ACTIVE else None
-        if ledger is None or getattr(_NESTED, "depth", 0):
+        if ledger is None or nested:
             # a functional collective runs its ProcessGroup call through c10d::*: count it once
             return op.redispatch(keyset & after, *args, **kwargs)
         if short == "wait_tensor":
@@ -216,6 +220,26 @@ def _kernel(op, short: str, functional: bool):
         return out
 
     return kernel
+
+
+def set_before(hook) -> None:
+    """`hook(op_kind) -> skip?` before every collective this process issues (runtime/faults.py)."""
+    install()
+    _BEFORE[:] = [hook] if hook is not None else []
+
+
+def _skipped(op, args):
+    """What a collective returns when it is skipped: its buffers untouched and a finished Work."""
+    from torch._C._distributed_c10d import FakeWork
+
+    out = []
+    for ret in op._schema.returns:
+        text = str(ret.type)
+        if "Work" in text:
+            out.append(FakeWork().boxed())
+        else:
+            out.append(args[0])  # the op's first tensor argument: its output buffer (or input)
+    return out[0] if len(out) == 1 else tuple(out)
 
 
 def _patched_wait(self, *args, **kwargs):
