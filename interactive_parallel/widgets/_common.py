@@ -3,12 +3,12 @@
 Owns the callback discipline of DESIGN.md (disable the controls, run inside the error Output,
 show the remote traceback naming the rank, re-enable in `finally`), the one helper that copies a
 freshly drawn plotly Figure into a live FigureWidget, and the runner that keeps a long coroutine
-(training) off the kernel's back. Knows nothing of what any button does, nor of torch or plans.
+(training, generation) off the kernel's back. Knows nothing of what any button does, nor of
+torch or plans.
 """
 from __future__ import annotations
 
 import asyncio
-import html
 import threading
 import traceback
 from typing import Any, Callable, Coroutine, Iterable
@@ -27,11 +27,13 @@ def css(widget: W.DOMWidget, *classes: str) -> W.DOMWidget:
 
 
 def button(description: str, cls: str, *, style: str = "", tooltip: str = "") -> W.Button:
-    return css(W.Button(description=description, button_style=style, tooltip=tooltip or description), cls)
+    return css(W.Button(description=description, button_style=style, tooltip=tooltip or description,
+                        layout=W.Layout(width="auto", min_width="64px")), cls)
 
 
-def pre(text: str) -> str:
-    return f"<pre style='margin:0;white-space:pre-wrap'>{html.escape(text)}</pre>"
+def row(*widgets: W.Widget) -> W.HBox:
+    """Widgets side by side, wrapping onto the next line when the column is narrow."""
+    return W.HBox(list(widgets), layout=W.Layout(flex_flow="row wrap", align_items="center", grid_gap="4px"))
 
 
 def figure_widget(figure: go.Figure, cls: str, height: int = 360) -> go.FigureWidget:
@@ -57,7 +59,8 @@ def _shape(trace_json: dict) -> set[str]:
     return set(_flatten({k: v for k, v in trace_json.items() if k != "uid"}))
 
 
-def refresh(widget: go.FigureWidget, figure: go.Figure, *, keep: Iterable[str] = ("height", "margin")) -> None:
+def refresh(widget: go.FigureWidget, figure: go.Figure, *,
+            keep: Iterable[str] = ("height", "width", "margin")) -> None:
     """Make the live `widget` show `figure` without rebuilding it.
 
     Traces of the same count, types and properties are updated in place (one batched message:
@@ -91,27 +94,15 @@ def refresh(widget: go.FigureWidget, figure: go.Figure, *, keep: Iterable[str] =
 
 
 # ---- errors -----------------------------------------------------------------------------------
-class MissingMethod(AttributeError):
-    """The session has no such public method (an older or partial version of the package)."""
-
-
 def describe_error(exc: BaseException, what: str = "") -> str:
     """Text for the panel's error area: a rank's failure names the rank and carries its traceback;
     a refusal (bad plan, bad input) is its message alone; anything else adds the local traceback."""
     head = f"{what} failed: " if what else ""
     if isinstance(exc, RankError):
         return f"{head}rank {exc.rank}" + (f" ({exc.host})" if exc.host else "") + f" raised {exc.ename}\n{exc}"
-    if isinstance(exc, (RankTimeout, SessionError, ValueError, KeyError, OSError, MissingMethod)):
+    if isinstance(exc, (RankTimeout, SessionError, ValueError, KeyError, OSError)):
         return f"{head}{type(exc).__name__}: {exc}"
     return f"{head}{''.join(traceback.format_exception(exc))}"
-
-
-def session_method(session: Any, name: str) -> Callable:
-    fn = getattr(session, name, None)
-    if not callable(fn):
-        raise MissingMethod(f"this Session has no {name}() method: the installed interactive_parallel "
-                            f"does not provide {name}() yet, so the panel cannot show it")
-    return fn
 
 
 class Actions:

@@ -7,12 +7,12 @@ own report when a session exists, else torch in this kernel) so importing the pa
 """
 from __future__ import annotations
 
-import html
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 
-from ._common import button, css, pre
+from ._common import button, css, row
+from .render import doctor_html, note, table
 
 if TYPE_CHECKING:
     from .panel import Panel
@@ -42,8 +42,8 @@ class ClusterSection:
         devices = [d for d in DEVICES if d != "cuda" or not self.cuda_reason]
         self.device = css(W.Dropdown(options=devices, value=getattr(session, "device", "cpu"),
                                      description="device", layout=W.Layout(width="160px")), "ip-device")
-        self.device_note = css(W.HTML(f"<i>cuda disabled: {html.escape(self.cuda_reason)}</i>"
-                                      if self.cuda_reason else ""), "ip-device-note")
+        self.device_note = css(W.HTML(note(f"cuda disabled: {self.cuda_reason}") if self.cuda_reason else ""),
+                               "ip-device-note")
         self.ranks = css(W.IntText(value=getattr(session, "world_size", 0) or 4, description="ranks",
                                    layout=W.Layout(width="140px")), "ip-ranks")
         self.start = button("Start", "ip-start-button", style="success",
@@ -63,8 +63,8 @@ class ClusterSection:
         actions.on_click(self.doctor, "doctor", self._doctor)
         self.widget = css(W.VBox([
             W.HTML("<b>Cluster</b>"),
-            W.HBox([self.device, self.ranks, self.start, self.stop, self.doctor]),
-            W.HBox([self.cluster_id, self.profile, self.attach, self.device_note]),
+            row(self.device, self.ranks, self.start, self.stop, self.doctor),
+            row(self.cluster_id, self.profile, self.attach, self.device_note),
             self.status, self.doctor_out,
         ]), "ip-section", "ip-section-cluster")
 
@@ -91,8 +91,7 @@ class ClusterSection:
         self.panel.set_session(None)
 
     def _doctor(self) -> None:
-        rows = self.panel.require().doctor()
-        self.doctor_out.value = pre(str(rows))
+        self.doctor_out.value = doctor_html(self.panel.require().doctor())
 
     # ---- display -------------------------------------------------------------------------------
     def sync(self, alive: bool, busy: bool) -> None:
@@ -110,14 +109,9 @@ class ClusterSection:
     def status_html(self) -> str:
         s = self.panel.session
         if not self.panel.alive:
-            return "<i>no session: choose ranks and device, then Start (or Attach to a running cluster)</i>"
+            return note("no session: choose ranks and device, then Start (or Attach to a running cluster)")
         state = self.panel.activity or "idle"
-        rows = []
-        for info in s.ranks_info:
-            device = s.device + (f":{info.get('local_rank', 0)}" if s.device == "cuda" else "")
-            rows.append("<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in (
-                f"rank {info.get('rank')}", info.get("host", ""), info.get("pid", ""), device,
-                info.get("state", state))) + "</tr>")
-        head = "".join(f"<th style='text-align:left;padding-right:1em'>{h}</th>"
-                       for h in ("rank", "host", "pid", "device", "state"))
-        return f"<table class='ip-rank-table'><tr>{head}</tr>{''.join(rows)}</table>"
+        rows = [(f"rank {info.get('rank')}", info.get("host", ""), info.get("pid", ""),
+                 s.device + (f":{info.get('local_rank', 0)}" if s.device == "cuda" else ""), info.get("state", state))
+                for info in s.ranks_info]
+        return table(("rank", "host", "pid", "device", "state"), rows)

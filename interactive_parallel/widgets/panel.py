@@ -1,10 +1,11 @@
 """The control panel: one widget that drives a Session from JupyterLab.
 
-Owns the composition of the sections (Cluster, Plan, Run, Views), the one error area they
-share, which session the panel drives (it may start, attach to or stop one), and the
-busy/idle state that decides which controls are enabled. Knows nothing that a script could not
-do: every button is a public Session method or a pure plan/ or viz/ function, so a workshop
-can copy any of it into a cell.
+Owns the composition of the sections (the controls, Cluster, Plan and Run, in one column of
+ipywidgets' AppLayout; the Views tab of live figures beside them, so the figures stay in view
+while the buttons are pressed), the one error area they share, which session the panel drives
+(it may start, attach to or stop one), and the busy/idle state that decides which controls are
+enabled. Knows nothing that a script could not do: every button is a public Session method, so
+a workshop can copy any of it into a cell.
 """
 from __future__ import annotations
 
@@ -15,16 +16,23 @@ import ipywidgets as W
 from ..cluster.errors import SessionError
 from ._common import Actions, css
 from .cluster import ClusterSection
+from .fit import FitFigures
 from .planner import PlanSection
+from .render import STYLE
 from .run import RunSection
 from .views import ViewsSection
+
+CONTROLS_WIDTH = "500px"
+"""The controls' column; the figures take the rest of the width."""
+CONTROLS_HEIGHT = "820px"
+"""Past this the controls scroll inside their column, so the panel (and its figures) fits a screen."""
 
 
 class Panel(W.VBox):
     """The panel for `session` (None: its Cluster section starts one). Display it as a cell's value.
 
-    >>> p = Panel(session)          # or session.panel()
-    >>> p                           # in a notebook: shows the controls and the live figures
+    >>> p = interactive_parallel.panel(session)
+    >>> p                           # in a notebook: the controls beside the live figures
     """
 
     def __init__(self, session: Any = None, **kwargs: Any):
@@ -39,9 +47,15 @@ class Panel(W.VBox):
         self.views = ViewsSection(self)
         self.cluster.ranks.observe(lambda _c: self.plan_section.revalidate(), names="value")
         self.cluster.device.observe(lambda _c: self.plan_section.revalidate(), names="value")
-        self.children = [css(W.HTML("<h3 style='margin:4px 0'>interactive_parallel</h3>"), "ip-title"),
-                         self.errors, self.cluster.widget, self.plan_section.widget, self.run_section.widget,
-                         self.views.widget]
+        sections = [self.cluster.widget, self.plan_section.widget, self.run_section.widget]
+        for section in sections:
+            section.layout.flex = "0 0 auto"  # scroll the column, never squeeze a section into its neighbour
+        controls = css(W.VBox(sections, layout=W.Layout(max_height=CONTROLS_HEIGHT, overflow_y="auto")),
+                       "ip-controls")
+        self.columns = css(W.AppLayout(left_sidebar=controls, center=self.views.widget, grid_gap="8px",
+                                       pane_widths=[CONTROLS_WIDTH, 1, 0], align_items="flex-start"), "ip-columns")
+        title = css(W.HTML("<h3 style='margin:4px 0'>interactive_parallel</h3>"), "ip-title")
+        self.children = [W.HTML(STYLE), FitFigures(self.views.figures), title, self.errors, self.columns]
         self.add_class("ip-panel")
         self.sync()
         self.plan_section.revalidate()
@@ -49,8 +63,7 @@ class Panel(W.VBox):
     # ---- what the sections ask of the panel ----------------------------------------------------
     @property
     def alive(self) -> bool:
-        # A stopped Session drops its pool; a stand-in without one counts as alive.
-        return self.session is not None and getattr(self.session, "_pool", True) is not None
+        return self.session is not None and self.session.alive
 
     @property
     def world_size(self) -> int:
@@ -67,6 +80,9 @@ class Panel(W.VBox):
 
     def set_session(self, session: Any) -> None:
         self.session = session
+        self.views.forget()
+        if self.alive and session.plan is not None:
+            self.plan_section.show(session.plan)
         self.notify("session")
 
     def begin(self, activity: str, keep: Iterable[W.DOMWidget] = ()) -> None:
@@ -88,7 +104,7 @@ class Panel(W.VBox):
     def notify(self, event: str) -> None:
         """Something changed ('session', 'model', 'plan', 'step', 'trained'): redraw what depends on it."""
         if event == "step":
-            self.views.refresh_loss()
+            self.views.on_step()
             return
         if event == "session":
             self.sync()
@@ -103,8 +119,14 @@ class Panel(W.VBox):
             self.run_section.steps.value = steps
         return self.run_section.start_training()
 
+    def generate(self, prompts: str | None = None):
+        """Click Generate (with `prompts`, one per line, typed first); the Job."""
+        if prompts is not None:
+            self.run_section.prompts.value = prompts
+        return self.run_section.start_generating()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Outside a kernel: block until training started from the panel ends."""
+        """Outside a kernel: block until the training or generation started from the panel ends."""
         job = self.run_section.job
         return True if job is None else job.wait(timeout)
 

@@ -1,121 +1,160 @@
-"""The panel's Plan section: model choice, parallel degrees and training knobs, checked live.
+"""The panel's Plan section: the model, a picker for every Plan field, problems shown as you type.
 
-Owns the pickers that make a `Plan`, the live list of problems (`plan.validate`, plus the
-session's own `check_plan` when one is running) shown before anything runs, the predicted
-memory per rank (from `plan.estimate.predict_memory` when that module exists), and the Load
-and Apply buttons (`session.load_model`, `session.apply`). Knows nothing of how a plan is laid
-out on ranks: every rule it shows comes from plan/, every action is a Session method.
+Owns the pickers, made from `Plan`'s dataclass fields so that a field added to Plan appears here
+without editing the panel: bool -> Checkbox, int -> IntText, float -> FloatText, str -> Dropdown
+when plan/ names its choices (the module constant called after the field: precision ->
+PRECISIONS, pp_schedule -> PP_SCHEDULES), any other type -> Text read as a Python literal; each
+picker's tooltip is the field's docstring. `device` belongs to the Cluster section (it is the
+session's, not the plan's, to change). Also owns the live list of problems (`plan.validate`, plus
+the session's own `check_plan` when one runs), the predicted memory per rank of the picked plan
+(`plan.estimate.predict_memory`: it needs no rank, so it shows before anything starts), and the
+Load and Apply buttons (`session.load_model`, `session.apply`). Knows nothing of how a plan is
+laid out on ranks: every rule it shows comes from plan/.
 """
 from __future__ import annotations
 
-import html
-from typing import TYPE_CHECKING, Any
+import ast
+import dataclasses
+import functools
+import inspect
+import textwrap
+import typing
+from typing import TYPE_CHECKING, Any, Callable
 
 import ipywidgets as W
 
-from ..plan import PP_SCHEDULES, PRECISIONS, PRESETS, Plan, PlanError, resolve_model, validate
-from ..viz import human_bytes
-from ._common import button, css
+from ..plan import PRESETS, MeshAxis, Plan, PlanError, resolve_model, validate
+from ..plan import plan as plan_module
+from ..plan.estimate import predict_memory
+from ._common import button, css, row
+from .render import esc, note, prediction_text, problems_html
 
 if TYPE_CHECKING:
     from .panel import Panel
 
-DEGREES = ("dp", "fsdp", "tp", "pp", "cp")
-KNOBS = ("batch_size", "seq_len", "grad_accum", "precision", "lr")
+CLUSTER_FIELDS = ("device",)
+"""Plan fields the Cluster section owns (a session's device is fixed when it starts)."""
 PREDICTION_UNAVAILABLE = "prediction unavailable"
 
 
-def predict(spec: Any, plan: Plan) -> tuple[list[dict] | None, str]:
-    """(per-rank predicted bytes, '') or (None, why not). The estimate module is optional: it may
-    not exist in this version, so it is looked up at call time rather than at import."""
-    try:
-        from ..plan.estimate import predict_memory
-    except ImportError:
-        return None, f"{PREDICTION_UNAVAILABLE}: this version has no plan.estimate.predict_memory"
-    try:
-        # MemoryRecords (or their dicts): one row per rank
-        return [r.to_dict() if hasattr(r, "to_dict") else dict(r) for r in predict_memory(spec, plan)], ""
-    except Exception as exc:  # noqa: BLE001 - a prediction must never break the panel
-        return None, f"{PREDICTION_UNAVAILABLE}: {type(exc).__name__}: {exc}"
+@functools.cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its docstring (the string literal under the field, as Plan documents them),
+    from the class and the dataclasses it extends."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        except (OSError, TypeError, IndexError, AttributeError):
+            continue
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
-def prediction_text(rows: list[dict]) -> str:
-    """One line per group of ranks with the same prediction."""
-    groups: dict[tuple, list[int]] = {}
-    for i, r in enumerate(rows):
-        parts = tuple(int(r.get(k) or 0) for k in ("params", "grads", "optimizer", "activations"))
-        groups.setdefault(parts, []).append(int(r.get("rank", i)))
-    lines = []
-    for (p, g, o, a), ranks in groups.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
-        lines.append(f"{who}: {human_bytes(p + g + o + a)} (params {human_bytes(p)}, grads {human_bytes(g)}, "
-                     f"optimizer {human_bytes(o)}, activations {human_bytes(a)})")
-    return "predicted memory per rank: " + "; ".join(lines)
+def choices_of(name: str) -> tuple | None:
+    found = getattr(plan_module, f"{name.upper()}S", None)
+    return tuple(found) if isinstance(found, (tuple, list)) else None
 
 
-def _int(name: str, value: int, width: str = "110px") -> W.IntText:
-    return css(W.IntText(value=value, description=name, style={"description_width": "initial"},
-                         layout=W.Layout(width=width)), f"ip-{name.replace('_', '-')}")
+def picker(name: str, kind: Any, value: Any, doc: str) -> W.ValueWidget:
+    """The widget for one Plan field, CSS class `ip-<name>` (underscores as dashes)."""
+    common = dict(description=name, tooltip=doc, style={"description_width": "initial"},
+                  layout=W.Layout(width="auto"))
+    choices = choices_of(name) if kind is str else None
+    if kind is bool:
+        widget = W.Checkbox(value=bool(value), indent=False, **common)
+    elif kind is int:
+        widget = W.IntText(value=value, **common)
+    elif kind is float:
+        widget = W.FloatText(value=value, **common)
+    elif choices:
+        widget = W.Dropdown(options=list(dict.fromkeys([*choices, value])), value=value, **common)
+    elif kind is str:
+        widget = W.Text(value=value, **common)
+    else:
+        widget = W.Text(value=repr(value), **common)
+    return css(widget, f"ip-{name.replace('_', '-')}")
+
+
+def grid(widgets: list[W.Widget], columns: int) -> W.GridBox:
+    return W.GridBox(widgets, layout=W.Layout(grid_template_columns=f"repeat({columns}, minmax(0, 1fr))",
+                                              grid_gap="2px 8px", width="100%"))
 
 
 class PlanSection:
-    """Pickers for every Plan field the panel exposes, the live problems, Load and Apply."""
+    """Pickers for every Plan field, the live problems and prediction, Load and Apply."""
 
     def __init__(self, panel: "Panel"):
         self.panel = panel
         s = panel.session
-        start = (s.plan if s is not None and getattr(s, "plan", None) else None) or Plan(dp=panel.world_size)
-        model = s.spec.name if s is not None and getattr(s, "spec", None) else "tiny-llama"
+        start = (s.plan if panel.alive and s.plan is not None else None) or Plan(dp=panel.world_size)
+        model = s.spec.name if panel.alive and s.spec is not None else "tiny-llama"
         self.preset = css(W.Dropdown(options=list(PRESETS), value=model if model in PRESETS else "tiny-llama",
-                                     description="model"), "ip-model-preset")
-        self.path = css(W.Text(placeholder="or a local model directory", layout=W.Layout(width="240px")),
+                                     description="model", layout=W.Layout(width="200px")), "ip-model-preset")
+        self.path = css(W.Text(placeholder="or a local model directory", layout=W.Layout(width="200px")),
                         "ip-model-path")
         self.load = button("Load", "ip-load-model-button", tooltip="session.load_model(preset or directory)")
-        self.degrees = {n: _int(n, getattr(start, n), "90px") for n in DEGREES}
-        self.schedule = css(W.Dropdown(options=list(PP_SCHEDULES), value=start.pp_schedule, description="schedule",
-                                       layout=W.Layout(width="230px")), "ip-pp-schedule")
-        self.microbatches = _int("microbatches", start.microbatches, "140px")
-        self.batch_size = _int("batch_size", start.batch_size, "140px")
-        self.seq_len = _int("seq_len", start.seq_len, "120px")
-        self.grad_accum = _int("grad_accum", start.grad_accum, "140px")
-        self.precision = css(W.Dropdown(options=list(PRECISIONS), value=start.precision, description="precision",
-                                        layout=W.Layout(width="180px")), "ip-precision")
-        self.lr = css(W.FloatText(value=start.lr, description="lr", style={"description_width": "initial"},
-                                  layout=W.Layout(width="150px")), "ip-lr")
+        hints = typing.get_type_hints(Plan)
+        docs = field_docs(Plan)
+        self.kinds = {f.name: hints.get(f.name) for f in dataclasses.fields(Plan) if f.name not in CLUSTER_FIELDS}
+        self.fields: dict[str, W.ValueWidget] = {
+            n: picker(n, kind, getattr(start, n), docs.get(n, "")) for n, kind in self.kinds.items()}
+        axes = {a.value for a in MeshAxis}
+        self.degrees = {n: w for n, w in self.fields.items() if n in axes}
         self.messages = css(W.HTML(), "ip-plan-messages")
         self.prediction = css(W.HTML(), "ip-memory-prediction")
         self.apply = button("Apply", "ip-apply-button", style="primary", tooltip="session.apply(plan)")
-        self.predicted: list[dict] | None = None
-        self.pickers = [self.preset, self.path, *self.degrees.values(), self.schedule, self.microbatches,
-                        self.batch_size, self.seq_len, self.grad_accum, self.precision, self.lr]
+        self.predicted: list | None = None
+        self.pickers = [self.preset, self.path, *self.fields.values()]
         for w in self.pickers:
             w.observe(lambda _c: self.revalidate(), names="value")
         panel.actions.on_click(self.load, "load_model", self._load)
         panel.actions.on_click(self.apply, "apply", self._apply)
+        others = [w for n, w in self.fields.items() if n not in self.degrees]
         self.widget = css(W.VBox([
             W.HTML("<b>Plan</b>"),
-            W.HBox([self.preset, self.path, self.load]),
-            W.HBox([*self.degrees.values(), self.schedule, self.microbatches]),
-            W.HBox([self.batch_size, self.seq_len, self.grad_accum, self.precision, self.lr]),
+            row(self.preset, self.path, self.load),
+            grid(list(self.degrees.values()), max(len(self.degrees), 1)),
+            grid(others, 3),
             self.messages, self.prediction, self.apply,
         ]), "ip-section", "ip-section-plan")
 
-    # ---- reading the pickers -------------------------------------------------------------------
-    def plan(self) -> Plan:
-        """The Plan the pickers describe (fields the panel does not show kept from the session's)."""
-        s = self.panel.session
-        base = (s.plan if s is not None and getattr(s, "plan", None) else None) or Plan()
-        values = {n: w.value for n, w in self.degrees.items()}
-        values.update(pp_schedule=self.schedule.value, microbatches=self.microbatches.value,
-                      batch_size=self.batch_size.value, seq_len=self.seq_len.value,
-                      grad_accum=self.grad_accum.value, precision=self.precision.value, lr=float(self.lr.value),
-                      device=self.panel.device)
-        return base.replace(**values)
+    # ---- reading and writing the pickers ------------------------------------------------------
+    def read(self) -> tuple[dict[str, Any], list[str]]:
+        """The picked value of every field, and a problem for each that cannot be read."""
+        values, problems = {}, []
+        for name, w in self.fields.items():
+            if isinstance(w, W.Text) and self.kinds[name] is not str:
+                try:
+                    values[name] = ast.literal_eval(w.value)
+                except (ValueError, SyntaxError):
+                    problems.append(f"{name}: cannot read {w.value!r}")
+            else:
+                values[name] = float(w.value) if self.kinds[name] is float else w.value
+        return values, problems
 
-    def knobs(self) -> dict[str, Any]:
-        """The training knobs as train() keyword overrides."""
-        p = self.plan()
-        return {k: getattr(p, k) for k in KNOBS}
+    def plan(self) -> Plan:
+        """The Plan the pickers describe, on the session's (or the Cluster section's) device."""
+        values, problems = self.read()
+        if problems:
+            raise PlanError(problems)
+        return Plan(**values, device=self.panel.device)
+
+    def show(self, plan: Plan) -> None:
+        """Set the pickers to `plan` (the session's, when it has one)."""
+        for name, w in self.fields.items():
+            value = getattr(plan, name)
+            w.value = repr(value) if isinstance(w, W.Text) and self.kinds[name] is not str else value
+
+    def knobs(self, train: Callable) -> dict[str, Any]:
+        """The picked training knobs that `train` takes as keyword overrides (those that are Plan fields)."""
+        plan = self.plan()
+        return {n: getattr(plan, n) for n in inspect.signature(train).parameters if n in self.fields}
 
     def model_choice(self) -> str:
         return self.path.value.strip() or self.preset.value
@@ -123,7 +162,7 @@ class PlanSection:
     def spec(self) -> tuple[Any, str]:
         """(spec to validate against, a note saying which). The loaded model wins over the pickers."""
         s = self.panel.session
-        if self.panel.alive and getattr(s, "spec", None) is not None:
+        if self.panel.alive and s.spec is not None:
             return s.spec, f"{s.spec.name} (loaded)"
         try:
             spec = resolve_model(self.model_choice())
@@ -132,46 +171,47 @@ class PlanSection:
         return spec, f"{spec.name} (not loaded yet: click Load)"
 
     # ---- live validation -----------------------------------------------------------------------
-    def problems(self) -> tuple[Plan, list[str], Any, str]:
-        plan = self.plan()
-        spec, note = self.spec()
+    def problems(self) -> tuple[Plan | None, list[str], Any, str]:
+        values, problems = self.read()
+        spec, model_note = self.spec()
+        if problems:
+            return None, problems, spec, model_note
+        plan = Plan(**values, device=self.panel.device)
         problems = validate(plan, self.panel.world_size, spec)
-        s = self.panel.session
-        if self.panel.alive and hasattr(s, "check_plan"):
+        if self.panel.alive:
             try:
-                s.check_plan(plan)  # the session's own extra rules (its device)
+                self.panel.session.check_plan(plan)  # the session's own extra rules (its device)
             except PlanError as exc:
                 problems += [p for p in exc.problems if p not in problems]
         if spec is None:
-            problems.append(note)
-        return plan, problems, spec, note
+            problems.append(model_note)
+        return plan, problems, spec, model_note
 
     def revalidate(self) -> list[str]:
-        plan, problems, spec, note = self.problems()
-        items = "".join(f"<li>{html.escape(p)}</li>" for p in problems)
-        if problems:
-            text = f"<div style='color:#b00020'>plan {html.escape(plan.describe())} cannot run:<ul>{items}</ul></div>"
-        else:
-            text = (f"<div style='color:#1b7e1b'>plan {html.escape(plan.describe())} fits "
-                    f"{self.panel.world_size} ranks; model {html.escape(note)}</div>")
-        s = self.panel.session
-        current = getattr(s, "plan", None) if self.panel.alive else None
+        plan, problems, spec, model_note = self.problems()
+        label = plan.describe() if plan is not None else "?"
+        text = problems_html(label, problems, f"fits {self.panel.world_size} ranks",
+                             model_note if spec is not None else "")
+        current = self.panel.session.plan if self.panel.alive else None
         if current is not None and current != plan:
-            text += f"<div><i>not applied yet: the ranks run {html.escape(current.describe())}; click Apply</i></div>"
+            text += f"<div>{note(f'not applied yet: the ranks run {current.describe()}; click Apply')}</div>"
         elif current is not None:
-            text += "<div><i>applied</i></div>"
+            text += f"<div>{note('applied')}</div>"
         self.messages.value = text
         self._predict(plan, problems, spec)
         return problems
 
-    def _predict(self, plan: Plan, problems: list[str], spec: Any) -> None:
-        if problems or spec is None:
-            self.prediction.value = f"<i>{PREDICTION_UNAVAILABLE}: fix the plan first</i>"
-            self.predicted = None
+    def _predict(self, plan: Plan | None, problems: list[str], spec: Any) -> None:
+        self.predicted = None
+        if problems or spec is None or plan is None:
+            self.prediction.value = note(f"{PREDICTION_UNAVAILABLE}: fix the plan first")
             return
-        rows, why = predict(spec, plan)
-        self.predicted = rows
-        self.prediction.value = f"<i>{html.escape(why)}</i>" if rows is None else html.escape(prediction_text(rows))
+        try:
+            self.predicted = predict_memory(spec, plan)
+        except Exception as exc:  # noqa: BLE001 - a prediction must never break the panel
+            self.prediction.value = note(f"{PREDICTION_UNAVAILABLE}: {type(exc).__name__}: {exc}")
+            return
+        self.prediction.value = esc(prediction_text(self.predicted))
 
     # ---- actions ---------------------------------------------------------------------------------
     def _load(self) -> None:

@@ -1,163 +1,211 @@
-"""The panel's Run section: train with progress and a Stop button, generate, verify, checkpoints.
+"""The panel's Run section: train and generate with progress and Stop, verify, checkpoints, export.
 
-Owns the controls that call `session.train_async(on_step=...)` (as a Job, so the kernel keeps
-serving cells and the Stop button, which calls `session.interrupt()`), `session.generate`,
-`session.verify`, `session.save` / `session.load`, `session.export_script` and `session.run`,
-and the text each result is shown as. Knows nothing of how ranks train or generate; a method
-this version of Session lacks is reported in the panel, never stubbed here.
+Owns the controls that call `session.train_async(on_step=...)` and
+`session.generate_async(on_token=...)` (each as a Job, so the kernel keeps serving cells and the
+Stop button, which calls `session.interrupt()`), `session.verify`, `session.save` /
+`session.load`, `session.export_script` and `session.run`, and what their results show while
+they stream and when they end. Knows nothing of how ranks train or generate, nor of figures:
+each completed step is announced to the panel, which redraws what depends on it.
 """
 from __future__ import annotations
 
 import html
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 import ipywidgets as W
 
-from ._common import Job, button, css, describe_error, pre, session_method
+from ..records import StepRecord, TokenRecord
+from ._common import Job, button, css, describe_error, row
+from .render import completions_html, pre, verify_html
 
 if TYPE_CHECKING:
     from .panel import Panel
 
 
-def _mean_loss(records: list[Any]) -> float | None:
+def mean_loss(records: list[StepRecord]) -> float | None:
+    """Over the ranks that see the loss (pipeline ranks without the last stage report NaN)."""
     losses = [float(r.loss) for r in records if r.loss is not None and not math.isnan(float(r.loss))]
     return sum(losses) / len(losses) if losses else None
 
 
-def verify_html(result: dict) -> str:
-    ok = bool(result.get("ok"))
-    head = (f"<b style='color:{'#1b7e1b' if ok else '#b00020'}'>{'ok' if ok else 'MISMATCH'}</b>: "
-            f"loss differs from the single-process reference by {result.get('dloss')}")
-    rows = "".join(f"<tr><td>{html.escape(str(p.get('name')))}</td><td>{p.get('max_abs_diff')}</td></tr>"
-                   for p in result.get("params", []))
-    table = f"<table><tr><th align='left'>parameter</th><th align='left'>max |diff|</th></tr>{rows}</table>"
-    return head + (table if rows else "")
+def _text(value: str, description: str, cls: str, width: str = "100%") -> W.Text:
+    return css(W.Text(value=value, description=description, style={"description_width": "initial"},
+                      layout=W.Layout(width=width)), cls)
+
+
+def _number(widget: type, value: Any, description: str, cls: str, width: str) -> W.ValueWidget:
+    return css(widget(value=value, description=description, style={"description_width": "initial"},
+                      layout=W.Layout(width=width)), cls)
 
 
 class RunSection:
-    """Train N steps (progress, Stop), Generate, Verify, Save / Load, Export script."""
+    """Train N steps, Generate (streamed), Stop, Verify, Save / Load, Export script."""
 
     def __init__(self, panel: "Panel"):
         self.panel = panel
         self.job: Job | None = None
-        self.steps = css(W.IntText(value=10, description="steps", layout=W.Layout(width="140px")), "ip-train-steps")
-        self.train = button("Train", "ip-train-button", style="primary", tooltip="session.train(steps)")
+        self.steps = _number(W.IntText, 10, "steps", "ip-train-steps", "130px")
+        self.train = button("Train", "ip-train-button", style="primary", tooltip="session.train(steps, on_step=...)")
         self.interrupt = button("Stop", "ip-interrupt-button", style="warning",
-                                tooltip="session.interrupt(): stop at the next step boundary")
-        self.progress = css(W.IntProgress(value=0, min=0, max=1, description="progress"), "ip-train-progress")
-        self.train_status = css(W.HTML(), "ip-train-status")
-        self.prompts = css(W.Textarea(value="Once upon a time", placeholder="one prompt per line",
-                                      layout=W.Layout(width="360px", height="60px")), "ip-prompts")
-        self.max_tokens = css(W.IntText(value=16, description="max tokens", style={"description_width": "initial"},
-                                        layout=W.Layout(width="140px")), "ip-max-tokens")
+                                tooltip="session.interrupt(): stop training or generation at the next boundary")
+        self.progress = css(W.IntProgress(value=0, min=0, max=1, layout=W.Layout(width="160px")), "ip-run-progress")
+        self.status = css(W.HTML(), "ip-run-status")
+        self.prompts = css(W.Textarea(value="12+35=", placeholder="one prompt per line",
+                                      layout=W.Layout(width="100%", height="52px")), "ip-prompts")
+        self.max_tokens = _number(W.IntText, 16, "max tokens", "ip-max-tokens", "130px")
         self.do_sample = css(W.Checkbox(value=False, description="sample", indent=False,
-                                        layout=W.Layout(width="90px")), "ip-do-sample")
-        self.generate = button("Generate", "ip-generate-button", tooltip="session.generate(prompts)")
+                                        layout=W.Layout(width="auto")), "ip-do-sample")
+        self.temperature = _number(W.FloatText, 1.0, "temperature", "ip-temperature", "140px")
+        self.top_k = _number(W.IntText, 0, "top-k", "ip-top-k", "100px")
+        self.generate = button("Generate", "ip-generate-button", tooltip="session.generate(prompts, on_token=...)")
         self.generate_out = css(W.HTML(), "ip-generate-output")
         self.verify = button("Verify", "ip-verify-button", tooltip="session.verify(): parity with one process")
         self.verify_out = css(W.HTML(), "ip-verify-output")
-        self.ckpt_path = css(W.Text(value="ckpt", description="checkpoint", layout=W.Layout(width="260px")),
-                             "ip-checkpoint-path")
+        self.ckpt_path = _text("ckpt", "checkpoint", "ip-checkpoint-path", "220px")
         self.save = button("Save", "ip-save-button", tooltip="session.save(path)")
         self.load = button("Load", "ip-load-checkpoint-button", tooltip="session.load(path)")
-        self.export_path = css(W.Text(value="train_script.py", description="script", layout=W.Layout(width="260px")),
-                               "ip-export-path")
+        self.export_path = _text("train_script.py", "script", "ip-export-path", "220px")
         self.export = button("Export script", "ip-export-button", tooltip="session.export_script(path)")
         self.files_out = css(W.HTML(), "ip-files-output")
         self.run_out = css(W.HTML(), "ip-run-output")
+        self._requested = 0
+        self._stream: dict[str, list] = {"prompts": [], "texts": [], "done": []}
         actions = panel.actions
-        actions.register(self.train, self.interrupt, self.steps, self.prompts, self.max_tokens, self.do_sample)
+        actions.register(self.train, self.generate, self.interrupt, self.steps, self.prompts, self.max_tokens,
+                         self.do_sample, self.temperature, self.top_k)
         self.train.on_click(lambda _b: self.start_training())
-        self.interrupt.on_click(lambda _b: self.stop_training())
-        actions.on_click(self.generate, "generate", self._generate)
+        self.interrupt.on_click(lambda _b: self.stop())
+        self.generate.on_click(lambda _b: self.start_generating())
+        self.do_sample.observe(lambda _c: self.panel.sync(), names="value")
         actions.on_click(self.verify, "verify", self._verify)
         actions.on_click(self.save, "save", self._save)
         actions.on_click(self.load, "load", self._load)
         actions.on_click(self.export, "export_script", self._export)
         self.widget = css(W.VBox([
             W.HTML("<b>Run</b>"),
-            W.HBox([self.steps, self.train, self.interrupt, self.progress, self.train_status]),
-            W.HBox([self.prompts, W.VBox([W.HBox([self.max_tokens, self.do_sample]), self.generate])]),
+            row(self.steps, self.train, self.progress, self.interrupt),
+            self.status,
+            self.prompts,
+            row(self.max_tokens, self.do_sample, self.temperature, self.top_k, self.generate),
             self.generate_out,
-            W.HBox([self.verify, self.verify_out]),
-            W.HBox([self.ckpt_path, self.save, self.load, self.export_path, self.export]),
+            row(self.verify), self.verify_out,
+            row(self.ckpt_path, self.save, self.load),
+            row(self.export_path, self.export),
             self.files_out, self.run_out,
         ]), "ip-section", "ip-section-run")
 
-    # ---- training as a job -----------------------------------------------------------------------
+    # ---- long calls as jobs ----------------------------------------------------------------------
     @property
-    def training(self) -> bool:
+    def running(self) -> bool:
+        """Training or generation is under way (the ranks are busy; Stop is live)."""
         return self.job is not None and not self.job.done
 
-    def start_training(self) -> Job | None:
-        """Start `session.train_async(steps, on_step=...)` without blocking; None if it cannot start."""
+    def _start(self, what: str, activity: str, make: Callable[[Any], Coroutine], total: int,
+               done: Callable[[Any], None], status: str) -> Job | None:
+        """Start `make(session)` as a Job with every control but Stop off; None if it cannot start."""
         actions = self.panel.actions
         actions.clear()
         try:
-            session = self.panel.require()
-            train_async = session_method(session, "train_async")
-            steps = self.steps.value
-            coro = train_async(steps, on_step=self._on_step, **self.panel.plan_section.knobs())
+            coro = make(self.panel.require())
         except Exception as exc:  # noqa: BLE001 - shown in the panel
-            actions.show(describe_error(exc, "train"))
+            actions.show(describe_error(exc, what))
             return None
-        self.progress.max, self.progress.value, self.progress.bar_style = max(steps, 1), 0, ""
-        self.train_status.value = f"training {steps} steps ..."
-        self.panel.begin("training", keep=[self.interrupt])
-        self.job = Job(coro, self._train_done)
+        self.progress.max, self.progress.value, self.progress.bar_style = max(total, 1), 0, ""
+        self.status.value = status
+        self.panel.begin(activity, keep=[self.interrupt])
+        self.job = Job(coro, lambda result, error: self._finish(what, done, result, error))
         return self.job
 
-    def stop_training(self) -> None:
-        if self.panel.session is not None:
-            self.panel.session.interrupt()
-        self.train_status.value = "stopping at the next step boundary ..."
+    def _finish(self, what: str, done: Callable[[Any], None], result: Any, error: BaseException | None) -> None:
+        try:
+            if error is None:
+                self.progress.bar_style = "success"
+                done(result)
+            else:
+                self.progress.bar_style = "danger"
+                self.panel.actions.show(describe_error(error, what))
+                self.status.value = f"{what} failed (see above)"
+        finally:
+            self.panel.end()
+            if what == "train":  # steps done before a failure or a Stop are kept: draw them too
+                self.panel.notify("trained")
 
-    def _on_step(self, records: list[Any]) -> None:
+    def stop(self) -> None:
+        if self.panel.alive:
+            self.panel.session.interrupt()
+        self.status.value = "stopping at the next boundary ..."
+
+    # ---- training ----------------------------------------------------------------------------------
+    def start_training(self) -> Job | None:
+        """`session.train_async(steps, on_step=..., **picked training knobs)` without blocking."""
+        self._requested = steps = self.steps.value
+
+        def make(session: Any) -> Coroutine:
+            return session.train_async(steps, on_step=self._on_step,
+                                       **self.panel.plan_section.knobs(session.train_async))
+
+        return self._start("train", "training", make, steps, self._trained, f"training {steps} steps ...")
+
+    def _on_step(self, records: list[StepRecord]) -> None:
         self.progress.value = min(self.progress.value + 1, self.progress.max)
-        loss = _mean_loss(records)
+        loss = mean_loss(records)
         step = max((r.step for r in records), default="?")
-        self.train_status.value = f"step {step}" + (f", mean loss {loss:.4f}" if loss is not None else "")
+        self.status.value = f"step {step}" + (f", mean loss {loss:.4f}" if loss is not None else "")
         self.panel.notify("step")
 
-    def _train_done(self, result: Any, error: BaseException | None) -> None:
-        if error is not None:
-            self.progress.bar_style = "danger"
-            self.panel.actions.show(describe_error(error, "train"))
-            self.train_status.value = "failed (see above)"
-        else:
-            n = len({r.step for r in result or ()})
-            self.progress.bar_style = "success"
-            self.train_status.value = f"done: {n} steps" + (f"; last {self.train_status.value}" if n else "")
-        self.panel.end()
-        self.panel.notify("trained")
+    def _trained(self, result: list[StepRecord]) -> None:
+        n = len({r.step for r in result or ()})
+        head = f"done: {n} steps" if n >= self._requested else f"stopped after {n} of {self._requested} steps"
+        self.status.value = head + (f"; last {self.status.value}" if n else "")
+
+    # ---- generation --------------------------------------------------------------------------------
+    def start_generating(self) -> Job | None:
+        """`session.generate_async(prompts, ..., on_token=...)`: completions grow as tokens arrive."""
+        prompts = [line for line in self.prompts.value.splitlines() if line.strip()]
+        n = self.max_tokens.value
+        self._stream = {"prompts": prompts, "texts": [""] * len(prompts), "done": [False] * len(prompts)}
+
+        def make(session: Any) -> Coroutine:
+            return session.generate_async(prompts, n, do_sample=self.do_sample.value,
+                                          temperature=float(self.temperature.value), top_k=self.top_k.value,
+                                          on_token=self._on_token)
+
+        self.generate_out.value = completions_html(prompts, self._stream["texts"], self._stream["done"])
+        return self._start("generate", "generating", make, n, self._generated, f"generating up to {n} tokens ...")
+
+    def _on_token(self, record: TokenRecord) -> None:
+        s = self._stream
+        if not 0 <= record.prompt < len(s["texts"]):
+            return
+        s["texts"][record.prompt] += record.text
+        s["done"][record.prompt] = s["done"][record.prompt] or record.done
+        self.progress.value = min(max(self.progress.value, record.position + 1), self.progress.max)
+        self.generate_out.value = completions_html(s["prompts"], s["texts"], s["done"])
+
+    def _generated(self, texts: list[str]) -> None:
+        s = self._stream
+        self.generate_out.value = completions_html(s["prompts"], texts)
+        # decoding runs to max_new_tokens whatever the rows emit, so fewer positions means Stop
+        complete = self.progress.value >= self.progress.max
+        self.status.value = "generated" if complete else f"stopped after {self.progress.value} tokens"
 
     # ---- blocking actions ------------------------------------------------------------------------
-    def _generate(self) -> None:
-        prompts = [line for line in self.prompts.value.splitlines() if line.strip()]
-        kwargs = {"do_sample": True} if self.do_sample.value else {}
-        texts = self.panel.require().generate(prompts, self.max_tokens.value, **kwargs)
-        self.generate_out.value = "".join(
-            f"<div class='ip-generated'><b>{html.escape(p)}</b><span style='color:#1f4fa0'>{html.escape(t)}</span>"
-            "</div>" for p, t in zip(prompts, texts))
-
     def _verify(self) -> None:
-        self.verify_out.value = verify_html(session_method(self.panel.require(), "verify")())
+        self.verify_out.value = verify_html(self.panel.require().verify())
 
     def _save(self) -> None:
-        path = self.ckpt_path.value.strip()
-        out = session_method(self.panel.require(), "save")(path)
-        self.files_out.value = f"saved checkpoint to {html.escape(str(out or path))}"
+        out = self.panel.require().save(self.ckpt_path.value.strip())
+        self.files_out.value = f"saved checkpoint to {html.escape(out)}"
 
     def _load(self) -> None:
-        path = self.ckpt_path.value.strip()
-        session_method(self.panel.require(), "load")(path)
-        self.files_out.value = f"loaded checkpoint from {html.escape(path)}"
+        out = self.panel.require().load(self.ckpt_path.value.strip())
+        self.files_out.value = f"loaded checkpoint from {html.escape(out)}"
         self.panel.notify("model")
 
     def _export(self) -> None:
-        out = session_method(self.panel.require(), "export_script")(self.export_path.value.strip())
-        self.files_out.value = f"wrote script {html.escape(str(out))}"
+        out = self.panel.require().export_script(self.export_path.value.strip())
+        self.files_out.value = f"wrote script {html.escape(out)}"
 
     def run_function(self, fn: Callable, *args: Any, **kwargs: Any) -> list | None:
         """session.run(fn, ...) through the panel: results per rank shown, a failure shown naming the rank."""
@@ -171,4 +219,5 @@ class RunSection:
         for w in (self.train, self.generate, self.verify, self.save, self.load, self.export, self.steps,
                   self.prompts, self.max_tokens, self.do_sample):
             w.disabled = not alive or busy
-        self.interrupt.disabled = not (alive and self.training)
+        self.temperature.disabled = self.top_k.disabled = not alive or busy or not self.do_sample.value
+        self.interrupt.disabled = not (alive and self.running)

@@ -1,31 +1,36 @@
-"""The panel's views: a Tab of live figures (loss, memory, communication, sharding, pipeline).
+"""The panel's views: a Tab of live figures (loss, memory, communication, layout, pipeline).
 
 Owns one FigureWidget per figure, built once and refreshed in place from the pure viz/
-functions, and when each is refreshed: the loss on every step (from `session.history`, no
-remote call), the others when their tab is opened, on Refresh, and after training, applying
-or loading (from `session.memory()`, `comms()`, `layout()`, `timeline()`). Knows nothing of
-how records are measured; a Session method this version lacks is named in the tab instead.
+functions, and when each is redrawn. Loss, memory, communication and pipeline come from the
+telemetry the Session already holds (`history`, `memory()`, `comms()`, `timeline()`: local
+reads, no remote call), so while the ranks train the loss and the open tab are redrawn as
+steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
+The predicted memory beside the measured is `session.predict_memory()`, once per plan. The
+layout is `session.layout()` (a remote call, cached by the Session per applied plan): read once
+per plan, when its tab is open and the ranks are not busy. Knows nothing of how records are
+measured, nor of the controls; fitting the figures to the column is widgets/fit.py's.
 """
 from __future__ import annotations
 
-import html
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import ipywidgets as W
 
 from .. import viz
 from ..cluster.errors import RankError
-from ._common import MissingMethod, button, css, describe_error, figure_widget, refresh, session_method
-from .planner import predict
+from ..records import CommRecord, PipelineEvent
+from ._common import button, css, describe_error, figure_widget, refresh, row
+from .render import note, pre, table
 
 if TYPE_CHECKING:
     from .panel import Panel
 
 TABS = ("loss", "memory", "communication", "layout", "pipeline")
-
-
-def kind_of(record: Any) -> str:
-    return record.get("kind", "") if isinstance(record, dict) else getattr(record, "kind", "")
+LIVE_INTERVAL_S = 0.5
+"""Least time between two live redraws during training: a step of a tiny model takes ~0.1 s,
+and redrawing every figure at that rate would slow the client more than it shows."""
+SHARD_COLUMNS = ("rank", "stage", "coords", "placements", "global_shape", "local_shape", "index")
 
 
 class ViewsSection:
@@ -33,34 +38,43 @@ class ViewsSection:
 
     def __init__(self, panel: "Panel"):
         self.panel = panel
-        self.loss = figure_widget(viz.loss_figure(None), "ip-loss-figure")
-        self.memory = figure_widget(viz.memory_figure(None), "ip-memory-figure")
-        self.comm_matrix = figure_widget(viz.comm_matrix_figure(None), "ip-comm-matrix-figure")
-        self.comm_breakdown = figure_widget(viz.comm_breakdown_figure(None), "ip-comm-breakdown-figure")
-        self.timeline = figure_widget(viz.timeline_figure(None), "ip-timeline-figure")
-        self.sharding = figure_widget(viz.sharding_figure(None), "ip-sharding-figure", height=420)
-        self.pipeline = figure_widget(viz.pipeline_figure(None), "ip-pipeline-figure")
+        self.live_interval = LIVE_INTERVAL_S
+        self.figures = {cls: figure_widget(figure, cls, height) for cls, figure, height in (
+            ("ip-loss-figure", viz.loss_figure(None), 360),
+            ("ip-memory-figure", viz.memory_figure(None), 360),
+            ("ip-comm-matrix-figure", viz.comm_matrix_figure(None), 320),
+            ("ip-comm-breakdown-figure", viz.comm_breakdown_figure(None), 320),
+            ("ip-timeline-figure", viz.timeline_figure(None), 360),
+            ("ip-sharding-figure", viz.sharding_figure(None), 420),
+            ("ip-pipeline-figure", viz.pipeline_figure(None), 360))}
+        """CSS class -> FigureWidget (the browser test finds them by it; widgets/fit.py sizes them by it)."""
+        (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
+         self.pipeline) = self.figures.values()
         self.messages = {t: css(W.HTML(), f"ip-{t}-message") for t in TABS}
-        self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="480px")),
+        self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="100%")),
                          "ip-layout-param")
         self.layout_table = css(W.HTML(), "ip-layout-table")
-        self.refresh_button = button("Refresh", "ip-refresh-button", tooltip="redraw the open tab from the ranks")
+        self.refresh_button = button("Refresh", "ip-refresh-button", tooltip="redraw the open tab from the session")
         self._shards: list[Any] = []
+        self._layout_key: tuple | None = None
+        self._predicted: tuple[tuple, list] | None = None
+        self._last_live = 0.0
         pages = {
             "loss": [self.loss],
             "memory": [self.memory],
-            "communication": [W.HBox([self.comm_matrix, self.comm_breakdown]), self.timeline],
+            "communication": [W.GridBox([self.comm_matrix, self.comm_breakdown], layout=W.Layout(
+                grid_template_columns="minmax(0, 1fr) minmax(0, 1fr)")), self.timeline],
             "layout": [self.param, self.sharding, self.layout_table],
             "pipeline": [self.pipeline],
         }
-        self.tab = css(W.Tab(children=[css(W.VBox([self.messages[t], *pages[t]]), f"ip-view-{t}") for t in TABS],
-                             titles=list(TABS)), "ip-views")
+        self.pages = {t: css(W.VBox([self.messages[t], *pages[t]]), f"ip-view-{t}") for t in TABS}
+        self.tab = css(W.Tab(children=[self.pages[t] for t in TABS], titles=list(TABS)), "ip-views")
         self.tab.observe(lambda _c: self.refresh_selected(), names="selected_index")
         self._quiet = False
         self.param.observe(lambda _c: self._quiet or self._draw_sharding(), names="value")
-        self.refresh_button.on_click(lambda _b: self.refresh_selected())
+        self.refresh_button.on_click(lambda _b: self.refresh_selected(force=True))
         panel.actions.register(self.refresh_button)
-        self.widget = css(W.VBox([W.HBox([W.HTML("<b>Views</b>"), self.refresh_button]), self.tab]),
+        self.widget = css(W.VBox([row(W.HTML("<b>Views</b>"), self.refresh_button), self.tab]),
                           "ip-section", "ip-section-views")
         self.refresh_loss()
 
@@ -69,63 +83,80 @@ class ViewsSection:
         return TABS[self.tab.selected_index or 0]
 
     # ---- refresh rules -------------------------------------------------------------------------
-    def refresh_loss(self) -> None:
-        s = self.panel.session
-        history = list(getattr(s, "history", None) or [])
-        refresh(self.loss, viz.loss_figure(history))
-        self.messages["loss"].value = "" if history else "<i>no steps yet: Train to see the loss per rank</i>"
+    def on_step(self) -> None:
+        """A step completed while training: redraw the loss and the open tab, unless done just now."""
+        now = time.monotonic()
+        if now - self._last_live < self.live_interval:
+            return
+        self._last_live = now
+        self.refresh_loss()
+        if self.selected != "layout":
+            self.refresh_selected()
 
-    def refresh_selected(self) -> None:
-        """Redraw the open tab from the ranks (not while training: the ranks are busy stepping)."""
+    def refresh_loss(self) -> None:
+        history = list(self.panel.session.history) if self.panel.alive else []
+        refresh(self.loss, viz.loss_figure(history))
+        self.messages["loss"].value = "" if history else note("no steps yet: Train to see the loss per rank")
+
+    def refresh_selected(self, force: bool = False) -> None:
+        """Redraw the open tab from what the session holds (`force`: read the layout again too)."""
         name = self.selected
         if name == "loss":
             self.refresh_loss()
-            return
-        if not self.panel.alive:
-            self.messages[name].value = "<i>no session</i>"
-            return
-        if self.panel.run_section.training:
-            self.messages[name].value = "<i>redrawn when training ends</i>"
-            return
-        self._guarded(name, getattr(self, f"_draw_{name}"))
+        elif not self.panel.alive:
+            self.messages[name].value = note("no session")
+        elif name == "layout" and self.panel.run_section.running:
+            if self._layout_key is None:
+                self.messages[name].value = note("the layout is read from the ranks when they are not busy")
+        else:
+            self._guarded(name, lambda: getattr(self, f"_draw_{name}")(force))
 
     def _guarded(self, name: str, draw: Callable[[], str]) -> None:
         """Run a draw; its note, or why it could not draw, goes in the tab (the error area is left
         alone: it may hold a training failure the user has not read yet)."""
         try:
             self.messages[name].value = draw()
-        except MissingMethod as exc:
-            self.messages[name].value = f"<b>{html.escape(str(exc))}</b>"
         except Exception as exc:  # noqa: BLE001 - a view must never break the panel
-            style = "color:#b00020" if isinstance(exc, RankError) else ""
-            self.messages[name].value = (f"<pre style='{style};white-space:pre-wrap'>"
-                                         f"{html.escape(describe_error(exc, name))}</pre>")
+            cls = "ip-bad" if isinstance(exc, RankError) else ""
+            self.messages[name].value = f"<div class='{cls}'>{pre(describe_error(exc, name))}</div>"
 
-    def _call(self, name: str) -> list:
-        return list(session_method(self.panel.session, name)() or [])
+    def _plan_key(self) -> tuple:
+        s = self.panel.session
+        return id(s), s.plan, s.spec.name if s.spec is not None else None
 
     # ---- one draw per tab ------------------------------------------------------------------------
-    def _draw_memory(self) -> str:
+    def _draw_memory(self, force: bool = False) -> str:
         s = self.panel.session
-        measured = self._call("memory")
-        plan = getattr(s, "plan", None) or self.panel.plan_section.plan()
-        spec = getattr(s, "spec", None)
-        predicted, why = predict(spec, plan) if spec is not None else (None, "prediction unavailable: no model")
-        refresh(self.memory, viz.memory_figure(measured, predicted))
-        return f"<i>{html.escape(why)}</i>" if why else "measured (solid) beside predicted (hatched)"
+        key = self._plan_key()
+        why = ""
+        if self._predicted is None or self._predicted[0] != key or force:
+            try:
+                self._predicted = key, list(s.predict_memory())
+            except Exception as exc:  # noqa: BLE001 - no model yet: measured bars alone
+                self._predicted, why = (key, []), f"no prediction: {exc}"
+        measured = s.memory()
+        refresh(self.memory, viz.memory_figure(measured, self._predicted[1]))
+        if why:
+            return note(why)
+        return "" if measured else note("predicted (hatched) only: Train a step to measure")
 
-    def _draw_communication(self) -> str:
-        comms = self._call("comms")
+    def _draw_communication(self, force: bool = False) -> str:
+        s = self.panel.session
+        comms = s.comms()
         refresh(self.comm_matrix, viz.comm_matrix_figure(comms))
         refresh(self.comm_breakdown, viz.comm_breakdown_figure(comms))
-        events = self._call("timeline")
-        refresh(self.timeline, viz.timeline_figure([e for e in events if kind_of(e) == "comm"],
-                                                   [e for e in events if kind_of(e) == "pipeline"]))
-        return "" if comms else "<i>no communication recorded yet: Train a step</i>"
+        events = s.timeline()
+        refresh(self.timeline, viz.timeline_figure([e for e in events if isinstance(e, CommRecord)],
+                                                   [e for e in events if isinstance(e, PipelineEvent)]))
+        return "" if comms else note("no communication recorded yet: Train a step")
 
-    def _draw_layout(self) -> str:
-        self._shards = self._call("layout")
-        names = sorted({r["param"] if isinstance(r, dict) else r.param for r in self._shards})
+    def _draw_layout(self, force: bool = False) -> str:
+        key = self._plan_key()
+        if key == self._layout_key and not force:
+            return self.messages["layout"].value
+        self._shards = list(self.panel.session.layout())
+        self._layout_key = key
+        names = sorted({r.param for r in self._shards})
         keep = self.param.value if self.param.value in names else (names[0] if names else None)
         self._quiet = True  # one draw below, not one per intermediate dropdown value
         try:
@@ -134,21 +165,23 @@ class ViewsSection:
         finally:
             self._quiet = False
         self._draw_sharding()
-        return "" if names else "<i>no layout yet: Load a model and Apply a plan</i>"
+        return "" if names else note("no layout yet: Load a model and Apply a plan")
 
     def _draw_sharding(self) -> None:
         param = self.param.value
         refresh(self.sharding, viz.sharding_figure(self._shards, param))
         rows = [r for r in viz.layout_table(self._shards) if r["param"] == param] if self._shards else []
-        cols = ("rank", "stage", "coords", "placements", "global_shape", "local_shape", "index")
-        head = "".join(f"<th align='left' style='padding-right:1em'>{c}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
-        self.layout_table.value = f"<table><tr>{head}</tr>{body}</table>" if rows else ""
+        self.layout_table.value = table(SHARD_COLUMNS, [[r[c] for c in SHARD_COLUMNS] for r in rows]) if rows else ""
 
-    def _draw_pipeline(self) -> str:
-        events = [e for e in self._call("timeline") if kind_of(e) == "pipeline"]
+    def _draw_pipeline(self, force: bool = False) -> str:
+        events = [e for e in self.panel.session.timeline() if isinstance(e, PipelineEvent)]
         refresh(self.pipeline, viz.pipeline_figure(events))
-        return "" if events else "<i>no pipeline events: Apply a plan with pp > 1 and Train</i>"
+        return "" if events else note("no pipeline events: Apply a plan with pp > 1 and Train")
+
+    def forget(self) -> None:
+        """The session changed: nothing drawn so far describes it."""
+        self._layout_key = self._predicted = None
+        self._shards = []
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.refresh_button.disabled = busy

@@ -1,0 +1,224 @@
+"""A stand-in for Session that the widget tests drive without processes.
+
+Every public name it defines is one Session defines, with the same parameters and return
+annotation (tests/test_widgets.py compares them with `inspect.signature`), and every value it
+returns is of the type Session returns: built from the real record classes, kept in the real
+telemetry store (cluster/telemetry.py), predictions from the real plan/estimate. What the ranks
+would compute is made up: losses fall, one all_reduce per step, completions are the prompt
+reversed. Each call is appended to `calls`, so tests see what the panel asked for.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+from interactive_parallel.cluster.errors import RankError, SessionError
+from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
+from interactive_parallel.plan import ModelSpec, Plan, PlanError, check, resolve_model
+from interactive_parallel.plan.estimate import predict_memory
+from interactive_parallel.records import (CommRecord, MemoryRecord, ParamDiff, PipelineEvent, RankInfo, RecordList,
+                                          ShardRecord, StepRecord, TokenRecord, VerifyReport)
+
+WORLD = 4
+PARAMS = (("lm_head.weight", [128, 64]), ("model.embed_tokens.weight", [128, 64]))
+
+ELEMENTS: dict[str, tuple[type, ...]] = {
+    "train_async": (StepRecord,), "generate_async": (str,), "doctor": (RankInfo,), "memory": (MemoryRecord,),
+    "comms": (CommRecord,), "timeline": (CommRecord, PipelineEvent), "layout": (ShardRecord,),
+    "predict_memory": (MemoryRecord,),
+}
+"""The record types each list-returning method holds: checked on this fake and on a live Session."""
+
+
+class FakeSession:
+    """Session's public surface as the panel uses it (see the module docstring)."""
+
+    def __init__(self, *, world: int = WORLD, fail_step: int | None = None, step_delay: float = 0.0,
+                 token_delay: float = 0.0, verify_ok: bool = True):
+        self.calls: list[tuple] = []
+        self._world, self._fail_step, self._step_delay = world, fail_step, step_delay
+        self._token_delay, self._verify_ok = token_delay, verify_ok
+        self._telemetry = Telemetry()
+        self._spec: ModelSpec | None = None
+        self._plan: Plan | None = None
+        self._alive = True
+        self._stop = threading.Event()
+
+    alive = property(lambda self: self._alive)
+    device = property(lambda self: "cpu")
+    world_size = property(lambda self: self._world)
+    spec = property(lambda self: self._spec)
+    plan = property(lambda self: self._plan)
+    history = property(lambda self: self._telemetry.history)
+    ranks_info = property(lambda self: [dict(rank=r, host="hostA", pid=1000 + r, cores=2, cuda=0, engine_id=r,
+                                             local_rank=r) for r in range(self._world)])
+
+    # ---- the model -----------------------------------------------------------------------------------
+    def check_plan(self, plan: Plan) -> Plan:
+        if plan.device != "cpu":
+            raise PlanError([f"plan device {plan.device!r} != session device 'cpu'"])
+        return check(plan, self._world, self._spec)
+
+    def load_model(self, model: Any = "tiny-llama") -> ModelSpec:
+        self.calls.append(("load_model", model))
+        self._spec = resolve_model(model)
+        return self._spec
+
+    def apply(self, plan: Plan) -> Plan:
+        self.calls.append(("apply", plan))
+        self.check_plan(plan)
+        self._require_model()
+        self._plan = plan
+        return plan
+
+    async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
+                          grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
+                          on_step: Callable[[list[StepRecord]], None] | None = None) -> RecordList:
+        knobs = dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr, precision=precision)
+        self.calls.append(("train", steps, knobs))
+        self._require_model()
+        self._stop.clear()
+        base = self._plan or Plan(dp=self._world)
+        self._plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
+        out = RecordList(columns=STEP_COLUMNS)
+        first = len({r.step for r in self.history})
+        for i in range(steps):
+            if self._stop.is_set():
+                break
+            await asyncio.sleep(self._step_delay)
+            if self._fail_step == i:
+                raise RankError(1, "RuntimeError", "step exploded", "Traceback (most recent call last):\n  boom",
+                                host="hostA", what="train")
+            batch = [self._step_record(r, first + i) for r in range(self._world)]
+            self._telemetry.add_step(batch)
+            out.extend(batch)
+            if on_step is not None:
+                on_step(batch)
+        return out
+
+    def _step_record(self, rank: int, step: int) -> StepRecord:
+        t = time.time()
+        group = list(range(self._world))
+        pp = self._plan.pp if self._plan else 1
+        events = [PipelineEvent(rank=rank, step=step, stage=rank % pp, microbatch=m, action=a, start=t + 0.01 * k,
+                                end=t + 0.01 * k + 0.008)
+                  for k, (m, a) in enumerate([(0, "F"), (1, "F"), (0, "B"), (1, "B")])] if pp > 1 else []
+        return StepRecord(rank=rank, step=step, loss=5.0 - 0.1 * step + 0.01 * rank, tokens=128, time_s=0.01,
+                          plan=self._plan.describe(),
+                          memory=MemoryRecord(rank=rank, step=step, params=460_000, grads=460_000, optimizer=920_000,
+                                              activations=10_000 + step),
+                          comms=[CommRecord(rank=rank, step=step, op="all_reduce", bytes=460_000, dtype="float32",
+                                            axis="dp", group=group, start=t, end=t + 0.002)],
+                          events=events)
+
+    def interrupt(self) -> None:
+        self.calls.append(("interrupt",))
+        self._stop.set()
+
+    async def generate_async(self, prompts: str | Sequence[str], max_new_tokens: int = 16, *,
+                             do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
+                             on_token: Callable[[TokenRecord], None] | None = None) -> list[str]:
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        self.calls.append(("generate", prompts, max_new_tokens,
+                           dict(do_sample=do_sample, temperature=temperature, top_k=top_k)))
+        self._require_model()
+        if not prompts:
+            raise ValueError("no prompts given")
+        self._stop.clear()
+        texts = [""] * len(prompts)
+        for position in range(max_new_tokens):
+            if self._stop.is_set():
+                break
+            await asyncio.sleep(self._token_delay)
+            for i, p in enumerate(prompts):
+                piece = p[::-1][position % len(p)]
+                texts[i] += piece
+                if on_token is not None:
+                    on_token(TokenRecord(rank=0, prompt=i, position=position, text=piece,
+                                         done=position == max_new_tokens - 1, time=time.time()))
+        return texts
+
+    # ---- looking at the model ----------------------------------------------------------------------
+    def doctor(self) -> RecordList:
+        self.calls.append(("doctor",))
+        return RecordList([RankInfo(rank=r, engine_id=r, host="hostA", pid=1000 + r, local_rank=r, device="cpu",
+                                    backend="gloo", threads=1, torch="2.x", transformers="5.x",
+                                    world_size=self._world, barrier_ok=True, all_reduce_ok=True,
+                                    all_reduce_value=10.0, bandwidth_gbps=1.5) for r in range(self._world)])
+
+    def verify(self) -> VerifyReport:
+        self.calls.append(("verify",))
+        plan = self._require_layout()
+        diff = 2e-8 if self._verify_ok else 3e-2
+        return VerifyReport(ok=self._verify_ok, tolerance={"loss": 1e-5, "grad": 1e-5}, loss_ref=4.5,
+                            loss_par=4.5 + (1e-7 if self._verify_ok else 0.2), dloss=1e-7 if self._verify_ok else 0.2,
+                            max_grad_diff=diff, plan=plan.describe(),
+                            params=[ParamDiff(name=n, shape=shape, max_abs_diff=diff / (1 + k))
+                                    for k, (n, shape) in enumerate(PARAMS)])
+
+    def memory(self) -> RecordList:
+        self.calls.append(("memory",))
+        return self._telemetry.memory()
+
+    def comms(self, steps: int | None = None) -> RecordList:
+        self.calls.append(("comms",))
+        return self._telemetry.comms(steps)
+
+    def timeline(self, steps: int | None = None) -> RecordList:
+        self.calls.append(("timeline",))
+        return self._telemetry.timeline(steps)
+
+    def layout(self) -> RecordList:
+        self.calls.append(("layout",))
+        self._require_layout()
+        return RecordList([ShardRecord(param=n, rank=r, global_shape=shape, local_shape=shape,
+                                       placements=["Replicate()"], mesh_axes=["dp"], coords={"dp": r},
+                                       index=[[0, d] for d in shape])
+                           for n, shape in PARAMS for r in range(self._world)])
+
+    def predict_memory(self, plan: Plan | None = None) -> RecordList:
+        self.calls.append(("predict_memory", plan))
+        return RecordList(predict_memory(self._require_model(), plan or self._plan or Plan(dp=self._world)))
+
+    # ---- files, your code, the end ------------------------------------------------------------------
+    def save(self, path: str) -> str:
+        self.calls.append(("save", path))
+        self._require_layout()
+        return f"/abs/{path}"
+
+    def load(self, path: str) -> str:
+        self.calls.append(("load", path))
+        self._require_layout()
+        return f"/abs/{path}"
+
+    def export_script(self, path: str, steps: int = 10) -> str:
+        self.calls.append(("export_script", path))
+        self._require_layout()
+        return f"/abs/{path}"
+
+    def run(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
+        """fn here, once; an exception comes back as rank 2's RankError (what a remote failure looks like)."""
+        self.calls.append(("run", fn))
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - re-raised the way Session raises a rank's failure
+            raise RankError(2, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)),
+                            host="hostA", what=getattr(fn, "__name__", "run")) from None
+        return [value] * self._world
+
+    def stop(self) -> None:
+        self.calls.append(("stop",))
+        self._alive = False
+
+    def _require_model(self) -> ModelSpec:
+        if self._spec is None:
+            raise SessionError("no model loaded: call load_model('tiny-llama') first")
+        return self._spec
+
+    def _require_layout(self) -> Plan:
+        if self._spec is None or self._plan is None:
+            raise SessionError("no model laid out: call load_model(...) and apply(Plan(...)) first")
+        return self._plan
