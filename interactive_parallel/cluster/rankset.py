@@ -176,15 +176,8 @@ class RankSet:
         """fn on every rank (or `ranks`); the results in rank order. Used on a caller already
         `require`d (or while connecting)."""
         caller = self.caller
-        try:
-            return await caller.wait(caller.submit(fn, args, kwargs, ranks=ranks, per_rank=per_rank),
-                                     timeout or self.timeout, what)
-        except RankError as exc:
-            self.dirty = bool(caller.pending) or self.dirty
-            raise await self._explain(exc) from exc
-        except RankTimeout:
-            self.dirty = bool(caller.pending) or self.dirty
-            raise
+        return await self._guarded(caller, caller.wait(
+            caller.submit(fn, args, kwargs, ranks=ranks, per_rank=per_rank), timeout or self.timeout, what))
 
     async def stream(self, fn: Callable, args: Sequence[Any], on_item: Callable[[int, Any], None], *,
                      what: str, timeout: float | None = None, stop: threading.Event | None = None) -> list:
@@ -196,16 +189,22 @@ class RankSet:
         if stop is not None and stop.is_set():
             caller.abort(submitted)
         try:
-            return await caller.stream(submitted, on_item, timeout or self.timeout, what)
+            return await self._guarded(caller, caller.stream(submitted, on_item, timeout or self.timeout, what))
+        finally:
+            self.running = None
+            self.faults = []  # armed for this call only (the ranks forget them too)
+
+    async def _guarded(self, caller: RankCaller, waiting) -> list:
+        """A call's results; on failure the ranks are marked for a re-formed group (when some were
+        left running) and the error says what happened (`_explain`)."""
+        try:
+            return await waiting
         except RankError as exc:
             self.dirty = bool(caller.pending) or self.dirty
             raise await self._explain(exc) from exc
         except RankTimeout:
             self.dirty = bool(caller.pending) or self.dirty
             raise
-        finally:
-            self.running = None
-            self.faults = []  # armed for this call only (the ranks forget them too)
 
     def abort(self) -> bool:
         """Ask the ranks to stop the streaming call at its next boundary; False if none runs."""
