@@ -108,6 +108,7 @@ class CommRecord(Record):
     peer: int | None = None
     """The other rank of a send/recv."""
     start: float = 0.0
+    """time.time() on the rank's host (Session.comms/timeline move it onto the client's clock)."""
     end: float = 0.0
 
 
@@ -212,6 +213,26 @@ class RankInfo(Record):
     bandwidth_gbps: float | None = None
     """Algorithm bandwidth of a timed all_reduce, in GB/s."""
     error: str = ""
+    interface: str = ""
+    """Network interface this rank's process-group sockets bind to."""
+    address: str = ""
+    """This rank's address on that interface."""
+
+
+@dataclass
+class ClockRecord(Record):
+    """How far one rank's clock (time.time) is from the client's, measured by a round trip.
+
+    Record times from that rank minus `offset_s` are on the client's clock; the measurement
+    is good to about half of `rtt_s` (the round trip it came from)."""
+
+    kind: ClassVar[str] = "clock"
+    rank: int
+    host: str
+    offset_s: float
+    """The rank's clock minus the client's, in seconds."""
+    rtt_s: float
+    """Round trip of the measurement, in seconds."""
 
 
 @dataclass
@@ -293,7 +314,7 @@ class FaultSpec(Record):
 
 RECORD_TYPES: dict[str, type[Record]] = {
     t.kind: t for t in (StepRecord, MemoryRecord, CommRecord, ShardRecord, PipelineEvent, TokenRecord, RankInfo,
-                        CommEstimate, ParamDiff, VerifyReport, FaultSpec)}
+                        ClockRecord, CommEstimate, ParamDiff, VerifyReport, FaultSpec)}
 
 
 def from_dict(d: dict[str, Any]) -> Record:

@@ -163,13 +163,13 @@ class FakeSession:
         self.calls.append(("memory",))
         return self._telemetry.memory()
 
-    def comms(self, steps: int | None = None) -> RecordList:
+    def comms(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         self.calls.append(("comms",))
-        return self._telemetry.comms(steps)
+        return self._telemetry.comms(steps, raw=raw)
 
-    def timeline(self, steps: int | None = None) -> RecordList:
+    def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         self.calls.append(("timeline",))
-        return self._telemetry.timeline(steps)
+        return self._telemetry.timeline(steps, raw=raw)
 
     def layout(self) -> RecordList:
         self.calls.append(("layout",))

@@ -1,8 +1,9 @@
-"""What the client installs inside each ipyparallel engine: the rank's channel hooks.
+"""What the client installs inside each ipyparallel engine, and what only the engine knows.
 
-Owns how runtime.channel talks to the client through ipyparallel's own machinery, and nothing
-else. Records go out with `publish_data`, each under a fresh sequence-number key, so the task's
-`data` on the client accumulates them in order (calls.RankCaller.stream reads them). A stop
+Owns how runtime.channel talks to the client through ipyparallel's own machinery, and the
+controller address this engine registered with (the rendezvous is chosen on the interface
+that reaches it). Records go out with `publish_data`, each under a fresh sequence-number
+key, so the task's `data` on the client accumulates them in order (calls.RankCaller.stream reads them). A stop
 request comes in as ipyparallel's `abort` of the task that is running: the engine's control
 thread (which serves while the task runs) adds its message id to the kernel's `aborted` set,
 and the stop source finds it there at the next boundary. Runs on engines only; the client
@@ -41,3 +42,14 @@ def install() -> bool:
 
 
 _STOPPED: set[str] = set()
+
+
+def controller_address() -> str:
+    """The controller's address as this engine reached it (from its registration url)."""
+    from urllib.parse import urlsplit
+
+    from ipyparallel.engine.app import IPEngine
+
+    if not IPEngine.initialized():
+        raise RuntimeError("not an ipyparallel engine: no controller address")
+    return urlsplit(IPEngine.instance().registration_url).hostname

@@ -176,7 +176,7 @@ class ModelOps:
 
         def on_item(_rank: int, rec: TokenRecord) -> None:
             if on_token is not None:
-                on_token(rec)
+                on_token(self.telemetry.on_client_clock(rec))  # its time on this client's clock
 
         parts = await self.ranks.stream(api.generate, (prompts, max_new_tokens, options), on_item,
                                         what="generate", stop=self.stop)
@@ -248,7 +248,11 @@ class ModelOps:
         from ..runtime.export import script_text
 
         plan = self.require_layout()
-        text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout)
+        per_host: dict[str, int] = {}
+        for info in self.ranks.info:
+            per_host[info["host"]] = per_host.get(info["host"], 0) + 1
+        text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout,
+                           per_host=list(per_host.values()))
         path = os.path.abspath(path)
         with open(path, "w") as f:
             f.write(text)

@@ -2,7 +2,10 @@
 
 Owns starting the controller and engines (fast heartbeat so engines are reported in
 ~2 s, not ~6.6 s), the leash process that stops them if this process dies, and a stop
-that leaves no process, port or connection file behind. An attached pool (started by
+that leaves no process, port or connection file behind. A local pool is this user's
+alone: its controller listens on 127.0.0.1 only, its profile directory (connection files,
+logs) is readable by its owner only, and ipyparallel's HMAC message signing stays on (the
+key lives in those files). An attached pool (started by
 `ipcluster` with its SSH / MPI / Slurm launchers) is never stopped by us. Knows nothing
 of torch or of ranks: it hands out engine ids.
 """
@@ -106,6 +109,7 @@ class LocalPool(Pool):
             else:
                 self.client = self.cluster.start_and_connect_sync()
             self._wait_for(n, timeout)
+            _owner_only(os.path.join(self.profile_dir, "security"))
         except BaseException:
             self.stop()
             raise
@@ -248,6 +252,14 @@ class LocalPool(Pool):
                 self._leash.kill()
             self._leash = None
         shutil.rmtree(self.profile_dir, ignore_errors=True)
+
+
+def _owner_only(folder: str) -> None:
+    """Files in `folder` readable by their owner only. ipyparallel makes its connection files
+    so but writes the cluster file with the default mode; rewriting an existing file keeps
+    the mode, so once is enough. (The profile directory, mkdtemp's, is owner-only anyway.)"""
+    for name in os.listdir(folder):
+        os.chmod(os.path.join(folder, name), 0o600)
 
 
 def _wait_gone(pids: list[int], timeout: float) -> None:

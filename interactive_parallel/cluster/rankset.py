@@ -1,23 +1,26 @@
 """The rank set: engines of an ipyparallel pool joined in one torch.distributed process group.
 
 Owns the pool's lifetime (stop leaves nothing behind), the rank assignment (stable, with
-per-host local ranks), the rendezvous, every remote call with its timeout (one long call at
-a time may stream records back and be stopped), and recovery after a failed collective or
-a dead rank: a fresh process group and replacement engines. It knows nothing of models,
-plans or training: whoever lays a model out on the ranks gives it a `Relayout` hook, called
-around every re-formed group. `doctor()` and `run()` live here; never imports torch.
+per-host local ranks), each rank's clock offset from this client's (measured at connect),
+the rendezvous (on loopback for one host; across hosts on the interface the user names or,
+by default, the one rank 0 reaches the controller through), every remote call with its
+timeout (one long call at a time may stream records back and be stopped), and recovery
+after a failed collective or a dead rank: a fresh process group and replacement engines.
+It knows nothing of models, plans or training: whoever lays a model out on the ranks gives
+it a `Relayout` hook, called around every re-formed group. `doctor()` and `run()` live here; never imports torch.
 """
 from __future__ import annotations
 
 import os
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from ..records import FaultSpec, RecordList
-from ..runtime import api
+from ..records import ClockRecord, FaultSpec, RecordList
+from ..runtime import api, net
 from . import engine_side
 from .calls import RankCaller, Submitted
 from .errors import RankError, RankTimeout, SessionError
@@ -30,8 +33,12 @@ _RANK_OWN_ERRORS = {"InjectedFault", "ValueError", "TypeError", "KeyError", "Att
 """Errors a rank raises of its own accord: no dead peer behind them, nothing to wait for."""
 STUCK_MARGIN_S = 5.0
 """Past the collective timeout, how long a rank may still be busy before it counts as hung."""
-DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "threads", "torch", "transformers",
-                  "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
+DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "address", "threads", "torch",
+                  "transformers", "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
+CLOCK_COLUMNS = ("rank", "host", "offset_s", "rtt_s")
+# Round trips per clock measurement: the shortest one gives the offset (its error is at most
+# half that trip), so a few rounds ride out a scheduling hiccup of the client or an engine.
+CLOCK_ROUNDS = 5
 
 
 class Relayout(Protocol):
@@ -55,9 +62,15 @@ class RankSet:
     """Seconds a remote call (or a stretch of a streaming call without progress) may take."""
     collective_timeout: float = 60.0
     """Seconds any collective may wait on the ranks before it fails."""
+    interface: str | None = None
+    """Network interface of the process group on every rank (None: loopback on one host, else
+    the interface rank 0 reaches the controller through, and on each rank the one toward rank 0)."""
     relayout: Relayout | None = None
     info: list[dict] = field(default_factory=list)
-    """Per rank: host, pid, cores, cuda, engine_id, local_rank (from the ranks themselves)."""
+    """Per rank: host, pid, cores, cuda, engine_id, local_rank; interface and address once the
+    group is formed (from the ranks themselves)."""
+    clocks: list[ClockRecord] = field(default_factory=list)
+    """Per rank: its clock's offset from this client's, measured at connect."""
     caller: RankCaller | None = None
     view: Any = None
     """The ipyparallel DirectView of the ranks, in rank order (%px reaches them through it)."""
@@ -105,16 +118,58 @@ class RankSet:
             (r, world, self.info[r]["local_rank"], local[self.info[r]["host"]], self.threads), {}), what="setup")
         await self.call(engine_side.install, what="setup")
         await self.call(_define_px_names, what="setup")
+        await self.measure_clocks()
         await self.form_group()
         if _in_ipython():
             self.view.activate()  # %px / %%px in this IPython kernel now reach the ranks
 
+    async def measure_clocks(self, rounds: int = CLOCK_ROUNDS) -> list[ClockRecord]:
+        """Each rank's clock offset from this client's, NTP-style: the rank's time.time() against
+        the midpoint of the round trip that fetched it, from the round with the shortest trip."""
+        best: dict[int, tuple[float, float]] = {}
+        for _ in range(rounds):
+            t0 = time.time()
+            remote = await self.call(api.wall_clock, what="clock")
+            t1 = time.time()
+            for rank, t in enumerate(remote):
+                if rank not in best or t1 - t0 < best[rank][1]:
+                    best[rank] = (t - (t0 + t1) / 2, t1 - t0)
+        self.clocks = [ClockRecord(rank=r, host=self.info[r]["host"], offset_s=o, rtt_s=rtt)
+                       for r, (o, rtt) in sorted(best.items())]
+        return self.clocks
+
+    def clock_offsets(self) -> dict[int, float]:
+        """Rank -> seconds its clock is ahead of this client's."""
+        return {c.rank: c.offset_s for c in self.clocks}
+
     async def form_group(self) -> None:
-        """Rendezvous: rank 0 picks an address and port, every rank joins."""
-        loopback = len({r["host"] for r in self.info}) == 1
-        (addr, port), = await self.call(api.master_endpoint, (loopback,), ranks=[0], what="rendezvous")
-        await self.call(api.init_process_group, (addr, port, self.device, self.collective_timeout),
-                        what="init_process_group", timeout=self.collective_timeout + 10)
+        """Rendezvous: rank 0 opens the store on its chosen address (runtime.net), every rank joins."""
+        hosts = list(dict.fromkeys(r["host"] for r in self.info))
+        if self.interface:
+            await self._check_interface(self.interface)
+        toward = None
+        if self.interface is None and len(hosts) > 1:
+            (toward,) = await self.call(engine_side.controller_address, ranks=[0], what="rendezvous")
+        (addr, port), = await self.call(api.master_endpoint, (self.interface, toward), ranks=[0], what="rendezvous")
+        if len(hosts) > 1 and net.is_loopback(addr):
+            await self.call(api.release_endpoint, ranks=[0], what="rendezvous")
+            how = f"interface {self.interface!r}" if self.interface else f"its route to the controller at {toward}"
+            raise SessionError(f"rank 0 (host {hosts[0]}) would rendezvous on loopback {addr} ({how}), which "
+                               f"the ranks on {', '.join(hosts[1:])} cannot reach: name the interface the hosts "
+                               "reach each other through, e.g. Session.attach(..., interface='eth0')")
+        joined = await self.call(api.init_process_group, (addr, port, self.device, self.collective_timeout,
+                                                          self.interface),
+                                 what="init_process_group", timeout=self.collective_timeout + 10)
+        for info, j in zip(self.info, joined):
+            info.update(interface=j["interface"], address=j["address"])
+
+    async def _check_interface(self, interface: str) -> None:
+        """Every rank has an IPv4 address on `interface`, or SessionError naming those without."""
+        found = await self.call(api.network, (interface,), what="rendezvous")
+        missing = [f"rank {r} on {f['host']} (interfaces: {', '.join(f['interfaces'])})"
+                   for r, f in enumerate(found) if not f["address"]]
+        if missing:
+            raise SessionError(f"interface {interface!r} has no IPv4 address on " + "; ".join(missing))
 
     @property
     def world_size(self) -> int:

@@ -19,7 +19,7 @@ from ..records import FaultSpec, RecordList, StepRecord, TokenRecord, VerifyRepo
 from .errors import SessionError
 from .model_ops import ModelOps
 from .pool import AttachedPool, LocalPool, Pool
-from .rankset import RankSet
+from .rankset import CLOCK_COLUMNS, RankSet
 from .telemetry import MEMORY_COLUMNS, Telemetry
 from .twins import blocking_twins, run_sync
 
@@ -43,14 +43,23 @@ class Session:
     """The model as this client knows it (spec, plan) and the actions on it."""
 
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
-                 timeout: float = 120.0, collective_timeout: float = 60.0, _pool: Pool | None = None):
+                 timeout: float = 120.0, collective_timeout: float = 60.0, interface: str | None = None,
+                 _pool: Pool | None = None):
+        """A local pool of `ranks` engines (every socket on 127.0.0.1), or the attached one.
+
+        `interface`: the network interface (e.g. 'eth0') the process group's store and gloo /
+        NCCL sockets bind to on every rank; by default loopback on one host and, across hosts,
+        the interface rank 0 reaches the ipyparallel controller through.
+        """
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
-        self.telemetry = Telemetry()
+        if interface is not None and (not isinstance(interface, str) or not interface.strip()):
+            raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
-                             collective_timeout=collective_timeout)
+                             collective_timeout=collective_timeout, interface=interface)
+        self.telemetry = Telemetry(clock=self.ranks.clock_offsets)
         self.model = ModelOps(self.ranks, self.telemetry)
         self.ranks.relayout = self.model
         try:
@@ -64,21 +73,25 @@ class Session:
     @classmethod
     def attach(cls, cluster_id: str = "", profile: str | None = None, *, profile_dir: str | None = None,
                url_file: str | None = None, ranks: int | None = None, device: str = "cpu",
-               **kwargs: Any) -> "Session":
+               interface: str | None = None, **kwargs: Any) -> "Session":
         """Use an ipyparallel cluster started elsewhere (e.g. `ipcluster start -n 8 --engines=Slurm`).
 
-        Stopping the session releases the ranks' process group and disconnects; the cluster
-        itself keeps running, as it belongs to whoever started it.
+        Ranks are grouped into hosts by host name (a host's ranks are contiguous). Across hosts
+        the rendezvous binds to `interface` when named (it must exist on every host), else to the
+        interface rank 0 reaches the controller through. Stopping the session releases the
+        ranks' process group and disconnects; the cluster itself keeps running, as it belongs
+        to whoever started it.
         """
         pool = AttachedPool(cluster_id=cluster_id, profile=profile, profile_dir=profile_dir, url_file=url_file,
                             ranks=ranks, timeout=kwargs.get("timeout", 120.0))
-        return cls(ranks=ranks or len(pool.engine_ids), device=device, _pool=pool, **kwargs)
+        return cls(ranks=ranks or len(pool.engine_ids), device=device, interface=interface, _pool=pool, **kwargs)
 
     # ---- state, read through --------------------------------------------------------------------
     device = property(lambda self: self.ranks.device, doc="'cpu' (gloo) or 'cuda' (nccl).")
     world_size = property(lambda self: self.ranks.world_size, doc="Number of ranks.")
     alive = property(lambda self: self.ranks.alive, doc="False once stopped.")
-    ranks_info = property(lambda self: self.ranks.info, doc="Per rank: host, pid, cores, cuda, engine id.")
+    ranks_info = property(lambda self: self.ranks.info,
+                          doc="Per rank: host, pid, cores, cuda, engine id, interface and address.")
     spec = property(lambda self: self.model.spec, doc="The loaded model's ModelSpec (None: none loaded).")
     plan = property(lambda self: self.model.plan, doc="The applied Plan (None: none applied).")
     debug = property(lambda self: self.model.debug, doc="Collective debug mode on (set_debug).")
@@ -127,6 +140,18 @@ class Session:
         """Per rank: host, pid, device, versions, backend, threads; a barrier, a checked
         all_reduce and a timed one (bandwidth). Printable as a table."""
         return await self.ranks.doctor()
+
+    def clocks(self) -> RecordList:
+        """Per rank: how far its clock is from this client's (ClockRecords, measured when the
+        ranks connected or by measure_clocks). timeline() and comms() are corrected by them."""
+        return RecordList(self.ranks.clocks, columns=CLOCK_COLUMNS)
+
+    async def measure_clocks_async(self) -> RecordList:
+        """Measure every rank's clock offset again (e.g. after a host's clock was stepped);
+        records that arrive from now on are corrected by the new offsets."""
+        await self.ranks.require()
+        await self.ranks.measure_clocks()
+        return self.clocks()
 
     async def run_async(self, fn: Callable, *args: Any, timeout: float | None = None, **kwargs: Any) -> list:
         """fn(*args, **kwargs) on every rank (process group ready); the results in rank order."""
@@ -177,7 +202,8 @@ class Session:
                              do_sample: bool = False, temperature: float = 1.0, top_k: int = 0, seed: int = 0,
                              on_token: Callable[[TokenRecord], None] | None = None) -> list[str]:
         """Completions (strings) of one prompt or a list; greedy unless do_sample=True.
-        `on_token(record)` receives each prompt's new text as the ranks decode it."""
+        `on_token(record)` receives each prompt's new text as the ranks decode it (its time on
+        this client's clock)."""
         return await self.model.generate(prompts, max_new_tokens, do_sample=do_sample, temperature=temperature,
                                          top_k=top_k, seed=seed, on_token=on_token)
 
@@ -205,15 +231,17 @@ class Session:
         latest step (no remote call); `predict_memory()` gives the estimate beside it."""
         return self.telemetry.memory()
 
-    def comms(self, steps: int | None = None) -> RecordList:
+    def comms(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         """Every collective and p2p op each rank issued in the latest step (or the last `steps`
-        steps): op, bytes (full-buffer convention), dtype, mesh axis, group, peer, start/end."""
-        return self.telemetry.comms(steps)
+        steps): op, bytes (full-buffer convention), dtype, mesh axis, group, peer, start/end
+        (on this client's clock; raw=True: on each rank's own clock)."""
+        return self.telemetry.comms(steps, raw=raw)
 
-    def timeline(self, steps: int | None = None) -> RecordList:
+    def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         """Comm intervals (CommRecords) and compute intervals (PipelineEvents: forward /
-        backward per stage and microbatch) of the latest step (or the last `steps`)."""
-        return self.telemetry.timeline(steps)
+        backward per stage and microbatch) of the latest step (or the last `steps`), their
+        times on this client's clock, so hosts line up (raw=True: each rank's own clock)."""
+        return self.telemetry.timeline(steps, raw=raw)
 
     async def layout_async(self) -> RecordList:
         """Per parameter and rank: placements, mesh coordinates, pipeline stage and the

@@ -4,16 +4,25 @@ Owns keeping records: `history` holds every step's StepRecords (their numbers), 
 TELEMETRY_STEPS steps keep what the probes measured with them (memory, comms, compute
 intervals; older steps drop those, which would otherwise grow without bound), and the
 layout of the applied plan once fetched. Answers memory(), comms(), timeline() and the
-loss history with no remote call, so views refresh while the ranks are training. Knows
-nothing of how records are measured (runtime/probes), how they travel, or of models.
+loss history with no remote call, so views refresh while the ranks are training.
+
+Times: every rank stamps its records with its own host's clock. Each step is kept as it
+arrived, with the clock offsets in force then (the rank set measures them); comms() and
+timeline() hand out copies moved onto the client's clock, so ranks on different hosts line
+up in one timeline, and raw=True gives the times as the ranks wrote them. Knows nothing of
+how records are measured (runtime/probes), how they travel, how offsets are measured, or of
+models.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Callable, TypeVar
 
-from ..records import CommRecord, MemoryRecord, PipelineEvent, RecordList, ShardRecord, StepRecord
+from ..records import CommRecord, MemoryRecord, PipelineEvent, RecordList, ShardRecord, StepRecord, TokenRecord
+
+T = TypeVar("T", CommRecord, PipelineEvent, TokenRecord)
 
 TELEMETRY_STEPS = 20
 STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
@@ -29,42 +38,56 @@ class Telemetry:
     history: RecordList = field(default_factory=lambda: RecordList(columns=STEP_COLUMNS))
     """Every StepRecord so far (probe records only for the latest TELEMETRY_STEPS steps)."""
     recent: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_STEPS))
-    """The latest steps, each the list of every rank's full StepRecord."""
+    """The latest steps, each (every rank's full StepRecord as sent, the clock offsets then)."""
     shards: RecordList | None = None
     """ShardRecords of the applied plan (None: not fetched since it was applied)."""
+    clock: Callable[[], dict[int, float]] = dict
+    """Rank -> seconds its clock is ahead of the client's, as measured now."""
 
     def add_step(self, records: list[StepRecord]) -> None:
         """Every rank's record of one step."""
-        self.recent.append(list(records))
+        self.recent.append((list(records), dict(self.clock())))
         self.history.extend(dataclasses.replace(r, comms=[], events=[]) for r in records)
+
+    def on_client_clock(self, rec: T, offsets: dict[int, float] | None = None) -> T:
+        """A copy of `rec` with its times moved from its rank's clock onto the client's."""
+        off = (self.clock() if offsets is None else offsets).get(rec.rank, 0.0)
+        if not off:
+            return rec
+        if isinstance(rec, TokenRecord):
+            return dataclasses.replace(rec, time=rec.time - off)
+        return dataclasses.replace(rec, start=rec.start - off, end=rec.end - off if rec.end else rec.end)
 
     def plan_changed(self) -> None:
         self.shards = None
 
     def _latest(self, steps: int | None) -> list[StepRecord]:
-        return [r for batch in list(self.recent)[-(steps or 1):] for r in batch]
+        return [r for batch, _ in list(self.recent)[-(steps or 1):] for r in batch]
+
+    def _timed(self, steps: int | None, raw: bool, comms: bool, events: bool) -> list:
+        out: list = []
+        for batch, offsets in list(self.recent)[-(steps or 1):]:
+            for r in batch:
+                held = (r.comms if comms else []) + (r.events if events else [])
+                out += held if raw else [self.on_client_clock(x, offsets) for x in held]
+        return out
 
     def memory(self) -> RecordList:
         """Per rank, the bytes measured in the latest step."""
         return RecordList([r.memory for r in self._latest(1) if r.memory is not None], columns=MEMORY_COLUMNS)
 
-    def comms(self, steps: int | None = None) -> RecordList:
-        return RecordList([c for r in self._latest(steps) for c in r.comms], columns=COMM_COLUMNS)
+    def comms(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
+        return RecordList(self._timed(steps, raw, comms=True, events=False), columns=COMM_COLUMNS)
 
-    def timeline(self, steps: int | None = None) -> RecordList:
+    def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         """Comm intervals (CommRecords) and compute intervals (PipelineEvents), rank by rank."""
-        out: list[CommRecord | PipelineEvent] = []
-        for r in self._latest(steps):
-            out += r.comms
-            out += r.events
-        return RecordList(out)
+        return RecordList(self._timed(steps, raw, comms=True, events=True))
 
     def records(self) -> list:
         """Everything held, for a report: every step, the latest step's probe records, the layout."""
         out: list = list(self.history)
-        latest = self._latest(1)
-        out += [r.memory for r in latest if isinstance(r.memory, MemoryRecord)]
-        out += [x for r in latest for x in (*r.comms, *r.events)]
+        out += [r.memory for r in self._latest(1) if isinstance(r.memory, MemoryRecord)]
+        out += self._timed(1, False, comms=True, events=True)
         out += list(self.shards or [])
         return out
 

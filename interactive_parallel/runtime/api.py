@@ -38,28 +38,59 @@ def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
     return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads)
 
 
-def master_endpoint(loopback: bool) -> tuple[str, int]:
-    """Rank 0's address for the rendezvous and a free port on it."""
+def network(interface: str) -> dict[str, Any]:
+    """This rank's address on `interface` ("" when it has none) and the interfaces it does have:
+    the client checks every rank before any of them waits for a rendezvous."""
+    from . import net
+
+    table = net.ipv4_interfaces()
+    addrs = table.get(interface) or []
+    return {"host": socket.gethostname(), "address": addrs[0] if addrs else "",
+            "interfaces": sorted(n for n, a in table.items() if a)}
+
+
+def master_endpoint(interface: str | None = None, toward: str | None = None) -> tuple[str, int]:
+    """Rank 0's rendezvous address and port: on `interface` when named, else on the interface
+    this host reaches `toward` (the controller) through, else loopback. The store's socket is
+    bound and listening from here on (no other process can take the port before the store
+    does); init_process_group hands it to the store."""
+    from . import net
+
+    release_endpoint()
+    sock = net.listener(net.rendezvous_address(interface, toward))
+    _state.get().extra["store_listener"] = sock
+    return sock.getsockname()[0], sock.getsockname()[1]
+
+
+def init_process_group(addr: str, port: int, device: str, timeout_s: float,
+                       interface: str | None = None) -> dict[str, Any]:
+    """Join the group at addr:port; {rank, backend, device, interface, address} of this rank."""
     from . import dist as _dist
 
-    if loopback:
-        return "127.0.0.1", _dist.free_port("127.0.0.1")
-    host = socket.gethostname()
-    addr = socket.gethostbyname(host)
-    return addr, _dist.free_port("")
+    listen = _state.get().extra.pop("store_listener", None)
+    return _dist.init(addr, port, device, timeout_s, interface=interface, listen=listen)
 
 
-def init_process_group(addr: str, port: int, device: str, timeout_s: float) -> dict[str, Any]:
-    from . import dist as _dist
+def wall_clock() -> float:
+    """This host's time.time(), which every record's times are in (the client corrects them)."""
+    import time
 
-    return _dist.init(addr, port, device, timeout_s)
+    return time.time()
 
 
 def teardown() -> bool:
     from . import dist as _dist
 
+    release_endpoint()
     _dist.teardown()
     return True
+
+
+def release_endpoint() -> None:
+    """Close the store socket master_endpoint opened, if no store took it."""
+    sock = _state.get().extra.pop("store_listener", None)
+    if sock is not None:
+        sock.close()
 
 
 def snapshot_local() -> bool:

@@ -1,9 +1,12 @@
 """Rendezvous: the default process group over the ranks, with timeouts, and its teardown.
 
-Owns backend choice (gloo on CPU, nccl on CUDA with one GPU per local rank), the free
-port, the timeout applied to the world group *and* to every sub-group a DeviceMesh
-creates later, and the per-rank thread count. Knows nothing of ipyparallel: the caller
-tells each rank its coordinates and the master address.
+Owns backend choice (gloo on CPU, nccl on CUDA with one GPU per local rank), the store
+rank 0 serves (bound to the rendezvous address only, through a socket runtime.net made),
+the interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the one the
+caller names, else one set by the user, else the one toward rank 0), the timeout applied
+to the world group *and* to every sub-group a DeviceMesh creates later, and the per-rank
+thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
+and the master address.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import net
 from . import state as _state
 
 
@@ -58,13 +62,54 @@ def torch_device(device: str, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
 
 
-def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: float = 60.0) -> dict:
-    """Join the default group; every later collective (sub-groups too) times out after timeout_s."""
+# Values this module put into the environment: a later init treats them as its own, not
+# as the user's choice (which it honours).
+_OURS: dict[str, str] = {}
+IFNAME_VARS = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def _user_env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return None if value is None or _OURS.get(name) == value else value
+
+
+def _set_env(name: str, value: str) -> None:
+    os.environ[name] = _OURS[name] = value
+
+
+def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: int, timeout: timedelta,
+                     listen: socket.socket | None = None) -> dist.Store | None:
+    """The TCPStore of the rendezvous; rank 0 serves it on `listen` (or a socket bound to
+    master_addr:master_port), never on every interface. None under torchrun's agent store,
+    which torchrun already serves: torch's own env rendezvous then joins it."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if listen is not None:
+            listen.close()
+        return None
+    if rank != 0:
+        return dist.TCPStore(master_addr, master_port, world_size, False, timeout)
+    sock = listen or net.listener(master_addr, master_port)
+    port = sock.getsockname()[1]
+    fd = sock.detach()  # the store's server owns (and closes) the socket from here
+    return dist.TCPStore(master_addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
+
+
+def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: float = 60.0, *,
+         interface: str | None = None, listen: socket.socket | None = None) -> dict:
+    """Join the default group; every later collective (sub-groups too) times out after timeout_s.
+
+    `interface`: the network interface this rank's gloo / NCCL sockets bind to (default:
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME as the user set it, else the interface toward
+    master_addr). `listen`: on rank 0, a socket already bound and listening that the store
+    serves on.
+    """
     st = _state.get()
     teardown()
     backend = backend_for(device)
     if device == "cuda":
         if not torch.cuda.is_available():
+            if listen is not None:
+                listen.close()
             raise RuntimeError(f"rank {st.rank}: device 'cuda' asked for but torch sees no GPU")
         torch.cuda.set_device(st.local_rank)
     timeout = timedelta(seconds=timeout_s)
@@ -72,14 +117,25 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
     # timeout (measured: they got 30 minutes); set the default so they inherit ours.
     import torch.distributed.distributed_c10d as c10d
     c10d.default_pg_timeout = timeout
+    var = IFNAME_VARS[backend]
+    user = None if interface else _user_env(var)
+    if user:  # the user's setting stands as written (NCCL also takes lists and "^excluded")
+        ifname, address = user, net.route_source(master_addr)
+    else:
+        ifname, address = net.bind_interface(master_addr, interface)
+        _set_env(var, ifname)
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-    kwargs = {}
+    kwargs: dict = {}
     if device == "cuda":
         kwargs["device_id"] = torch_device(device, st.local_rank)
-    dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=st.rank,
-                            world_size=st.world_size, timeout=timeout, **kwargs)
+    store = rendezvous_store(master_addr, master_port, st.rank, st.world_size, timeout, listen)
+    if store is None:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(backend, store=store, rank=st.rank, world_size=st.world_size, timeout=timeout,
+                            **kwargs)
     st.device, st.backend, st.timeout_s = device, backend, timeout_s
-    return {"rank": st.rank, "backend": backend, "device": device}
+    st.interface, st.address = ifname, address
+    return {"rank": st.rank, "backend": backend, "device": device, "interface": ifname, "address": address}
 
 
 def teardown() -> None:
@@ -87,4 +143,4 @@ def teardown() -> None:
     st.reset_model()
     if dist.is_initialized():
         dist.destroy_process_group()
-    st.backend = ""
+    st.backend = st.interface = st.address = ""

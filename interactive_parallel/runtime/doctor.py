@@ -29,7 +29,8 @@ def rank_info(engine_id: int = -1) -> RankInfo:
                     # str(): torch's version is a TorchVersion, whose unpickling imports torch
                     # into the client (200 MB in a notebook kernel that never needed it)
                     torch=str(torch.__version__), transformers=str(transformers.__version__),
-                    world_size=dist.get_world_size() if ready else st.world_size)
+                    world_size=dist.get_world_size() if ready else st.world_size,
+                    interface=st.interface, address=st.address)
 
 
 def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> RankInfo:

@@ -15,7 +15,7 @@ from ..plan import ModelSpec, Plan
 
 _TEMPLATE = '''"""{title}
 
-Run: torchrun --nproc_per_node {world} {{this file}}
+Run: {run}
 Exported by interactive_parallel: the same model, plan and training settings as the
 session, rebuilt from interactive_parallel.runtime (no ipyparallel). Rank 0 prints the
 loss of each step (the mean over the ranks that see it).
@@ -51,12 +51,24 @@ if __name__ == "__main__":
 '''
 
 
-def script_text(spec: ModelSpec, plan: Plan, steps: int, *, timeout_s: float = 120.0) -> str:
-    """Python source of a `torchrun --nproc_per_node plan.world_size` script training `steps` steps."""
+def run_line(world: int, per_host: list[int] | None = None) -> str:
+    """How to start the script: one torchrun on one host, or one per host (rank 0's host first)."""
+    if not per_host or len(per_host) == 1:
+        return f"torchrun --nproc_per_node {world} {{this file}}"
+    nodes = len(per_host)
+    lines = [f"torchrun --nnodes {nodes} --node_rank {i} --nproc_per_node {n} --master_addr <host 0> "
+             f"--master_port 29500 {{this file}}" for i, n in enumerate(per_host)]
+    return f"on each of the {nodes} hosts, rank 0's host first:\n    " + "\n    ".join(lines)
+
+
+def script_text(spec: ModelSpec, plan: Plan, steps: int, *, timeout_s: float = 120.0,
+                per_host: list[int] | None = None) -> str:
+    """Python source of a torchrun script training `steps` steps (`per_host`: ranks on each host,
+    when the session spans hosts)."""
     if steps < 1:
         raise ValueError(f"steps({steps}) must be >= 1")
     spec_dict = pprint.pformat(dataclasses.asdict(spec), indent=4, width=100, sort_dicts=False)
     plan_dict = pprint.pformat(plan.to_dict(), indent=4, width=100, sort_dicts=False)
     return _TEMPLATE.format(title=f"{spec.name} under {plan.describe()}: {steps} training steps",
-                            world=plan.world_size, spec=spec_dict, plan=plan_dict, steps=int(steps),
+                            run=run_line(plan.world_size, per_host), spec=spec_dict, plan=plan_dict, steps=int(steps),
                             timeout=float(timeout_s))

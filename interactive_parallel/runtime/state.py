@@ -20,6 +20,8 @@ class RankState:
     host: str = field(default_factory=socket.gethostname)
     device: str = "cpu"
     backend: str = ""
+    interface: str = ""       # network interface the process group's sockets bind to
+    address: str = ""         # this rank's address on it
     timeout_s: float = 60.0
     spec: Any = None          # plan.ModelSpec
     plan: Any = None          # plan.Plan (None until apply)

@@ -2,8 +2,9 @@
 
 Owns the timeline drawing: horizontal bars (`go.Bar`, orientation 'h', base = start, x = duration),
 time relative to the earliest start shown. Knows nothing of how the timestamps were taken: ranks on
-different hosts are drawn on one axis as given (their clocks are trusted). No torch, ipyparallel or
-widgets. Records never timed (start == end == 0) are left out.
+different hosts are drawn on one axis as given (a Session's timeline() hands them already moved onto
+the client's clock, each host's offset corrected). No torch, ipyparallel or widgets. Records never
+timed (start == end == 0) are left out.
 """
 from __future__ import annotations
 
