@@ -45,7 +45,7 @@ class RankCaller:
     def submit(self, fn: Callable, args: Sequence[Any] = (), kwargs: dict | None = None, *,
                ranks: Sequence[int] | None = None,
                per_rank: Callable[[int], tuple[tuple, dict]] | None = None) -> Submitted:
-        if ranks is None and per_rank is None:
+        if ranks is None and per_rank is None and len(self.engine_ids) > 1:
             # One message for all ranks (the function and its arguments serialized once), split
             # into one future per rank so a failing rank is seen while the others still run.
             parts = self._all.apply_async(fn, *args, **(kwargs or {})).split()

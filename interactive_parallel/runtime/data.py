@@ -36,7 +36,7 @@ def global_batch(seed: int, step: int, batch_size: int, seq_len: int) -> torch.T
     for i in range(batch_size):
         rng = random.Random(hash((seed, step, i)) & 0x7FFFFFFF)
         rows.append(tok(text_row(rng, seq_len + 1), add_special_tokens=False)["input_ids"])
-    return torch.tensor(rows, dtype=torch.long)
+    return torch.tensor(rows, dtype=torch.long, device="cpu")  # the same on every device; callers move it
 
 
 def local_slice(batch: torch.Tensor, index: int, count: int) -> torch.Tensor:

@@ -23,17 +23,40 @@ from .loss import token_loss
 from .parallelized import Parallelized
 
 
-def make_optimizer(par: Parallelized) -> torch.optim.Optimizer:
-    # foreach=False: DTensor and plain parameters mix under some plans, and the per-tensor
-    # path is the one every placement supports.
-    # Under FSDP the parameters are shards, so AdamW's moments are sharded the same way.
-    return torch.optim.AdamW(par.parameters(), lr=par.plan.lr, foreach=False)
+def make_optimizer(par: Parallelized, foreach: bool | None = None) -> torch.optim.Optimizer:
+    """AdamW over this rank's parameters (shards under FSDP, so the moments are sharded too).
+
+    foreach (default: on for CUDA, off for CPU): the multi-tensor kernels save a launch per
+    tensor on a GPU; the per-tensor loop is the CPU choice. One foreach call cannot mix plain
+    tensors and DTensors (measured: pp2 x tp2 raises "got mixed torch.Tensor and DTensor"),
+    so the parameters go into one group per kind (plain, or DTensor per mesh).
+    """
+    if foreach is None:
+        foreach = par.device.type == "cuda"
+    params = par.parameters()
+    if not foreach:
+        return torch.optim.AdamW(params, lr=par.plan.lr, foreach=False)
+    groups: dict = {}
+    for p in params:
+        mesh = getattr(p, "device_mesh", None)
+        groups.setdefault(None if mesh is None else id(mesh), []).append(p)
+    return torch.optim.AdamW([{"params": g} for g in groups.values()], lr=par.plan.lr, foreach=True)
 
 
 def make_scaler(plan: Plan):
-    if plan.precision == "fp16":
-        return torch.amp.GradScaler("cuda")
-    return None
+    """A gradient scaler for fp16 on the plan's device (None otherwise).
+
+    With peers it is torch's ShardedGradScaler: each rank sees only its own shards or
+    stages, so an inf found on one must skip the step (and shrink the scale) on all, or the
+    replicas drift apart; it all-reduces the found-inf flags over the world group.
+    """
+    if plan.precision != "fp16":
+        return None
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(plan.device, process_group=dist.group.WORLD)
+    return torch.amp.GradScaler(plan.device)
 
 
 def autocast(plan: Plan, device: torch.device):
@@ -50,13 +73,23 @@ def no_sync(par: Parallelized, last: bool):
     return contextlib.nullcontext()
 
 
-def _pipeline_micro(par: Parallelized, mb: torch.Tensor) -> float:
+def _pipeline_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
+    from .parallel.pp import scaled_loss
+
     losses: list[torch.Tensor] = []
     args = (mb[:, :-1],) if par.has_first else ()
     kwargs = dict(target=mb[:, 1:], losses=losses) if par.sees_loss else {}
-    with autocast(par.plan, par.device):
+    # The schedule runs the backward itself, from the loss its loss_fn returns: the scale
+    # goes in there, or the scaler would unscale gradients that were never scaled.
+    if scaler is not None:
+        # Ranks without the last stage never scale a loss (their gradients arrive scaled
+        # from the next stage), but unscale_ needs the scale: this starts it on every rank.
+        scaler.scale(torch.ones((), device=par.device))
+    with autocast(par.plan, par.device), scaled_loss(scaler):
         par.schedule.step(*args, **kwargs)
-    return float(sum(x.item() for x in losses)) if losses else math.nan
+    if not losses:
+        return math.nan
+    return float(sum(x.item() for x in losses)) / (scaler.get_scale() if scaler else 1.0)
 
 
 def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
@@ -84,7 +117,7 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
     total = 0.0
     for i, mb in enumerate(micro):
         if par.schedule is not None:
-            total += _pipeline_micro(par, mb)
+            total += _pipeline_micro(par, mb, scaler)
             continue
         if par.cp_model is not None:
             total += _cp_micro(par, mb, scaler)

@@ -35,7 +35,8 @@ def global_loss(par: Parallelized, value: float) -> float:
     if not dist.is_initialized():
         return value
     seen = par.sees_loss and not math.isnan(value)
-    t = torch.tensor([value if seen else 0.0, 1.0 if seen else 0.0], dtype=torch.float64)
+    # On the group's device: an NCCL group takes no CPU tensor.
+    t = torch.tensor([value if seen else 0.0, 1.0 if seen else 0.0], dtype=torch.float64, device=par.device)
     dist.all_reduce(t)
     return float(t[0] / t[1])
 

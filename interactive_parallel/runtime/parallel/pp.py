@@ -4,12 +4,13 @@ Owns the stage module (a thin nn.Module over the transformers model's own embedd
 layers and head, found through the family's FAMILIES entry: the model code is not edited
 and the parameter names stay the model's), the split into the stages a rank holds (loop
 order: rank r holds stages r, r + pp, ...; Plan.stage_ids), the schedule (GPipe, 1F1B,
-Interleaved1F1B) with the last stage's loss, and a schedule-free forward with plain
-send/recv for inference, whose shapes change every generated token. Knows nothing of the
-other axes: they are applied to the stage modules afterwards.
+Interleaved1F1B) with the last stage's loss (scaled for fp16), and a schedule-free
+forward with plain send/recv for inference, whose shapes change every generated token.
+Knows nothing of the other axes: they are applied to the stage modules afterwards.
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -91,8 +92,23 @@ def apply_pp(raw: nn.Module, spec: ModelSpec, plan: Plan, pp_rank: int) -> list[
             for s in plan.stage_ids(pp_rank)]
 
 
+_SCALER: list = [None]
+
+
+@contextlib.contextmanager
+def scaled_loss(scaler):
+    """Within: pipeline_loss multiplies the loss by `scaler`'s scale (fp16; None: no scaling).
+    The schedule calls backward on what the loss function returns, so scaling goes there."""
+    _SCALER[0] = scaler
+    try:
+        yield
+    finally:
+        _SCALER[0] = None
+
+
 def pipeline_loss(plan: Plan):
-    """The last stage's loss per microbatch, already divided for the mean over the step.
+    """The last stage's loss per microbatch, already divided for the mean over the step, and
+    scaled inside `scaled_loss(scaler)`.
 
     The schedule runs with scale_grads=False: its own division rescales *all* gradients,
     accumulated ones from earlier accumulation micro-steps included.
@@ -100,7 +116,9 @@ def pipeline_loss(plan: Plan):
     parts = plan.n_microbatches * plan.grad_accum
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return token_loss(logits, targets) / parts
+        loss = token_loss(logits, targets) / parts
+        scaler = _SCALER[0]
+        return scaler.scale(loss) if scaler is not None else loss
 
     return loss_fn
 

@@ -103,7 +103,7 @@ def step(par, optimizer, step_index: int, rank: int):
         else:
             act = memory.SavedTensors(exclude=[memory.local(p) for p in probe.param_list])
     try:
-        with comms.recording(rank, step_index, par.plan) as ledger, \
+        with comms.recording(rank, step_index, par.plan) as ledger, comms.expect_device(par.device), \
                 pipeline.recording(rank, step_index) as events, act:
             probe.ledger, probe.events = ledger, events
             probe.act = act if isinstance(act, (memory.DevicePeak, memory.SavedTensors)) else None

@@ -24,6 +24,13 @@ Conventions of a record:
   observed to finish get the time the step ended (an upper bound). Functional
   collectives end at their wait_tensor.
 
+Device check: inside `expect_device(device)` (every probed step is) a tensor handed to a
+collective or p2p op on another device type raises, naming the op and both devices. An
+NCCL group rejects a CPU tensor, but gloo takes tensors of any device, so on the CPU
+path this is what catches a tensor built without the group's device; tests run code with
+the default device switched to meta to make such tensors show (the kernels are also
+registered for meta tensors, which reach the dispatcher under AutogradMeta).
+
 Does not know: ops on inference-mode tensors (they skip the Autograd keys), wire bytes of
 an algorithm (ring vs tree), or time spent on the wire versus waiting for a peer.
 """
@@ -55,7 +62,7 @@ KINDS = {
 }
 # Which argument holds the full-size buffer (see the module docstring).
 FULL_ARG = {"all_gather": "output", "reduce_scatter": "input", "all_to_all": "input"}
-KEYS = ("AutogradCPU", "AutogradCUDA")
+KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
 
 _LOCK = threading.Lock()
 _ACTIVE: list["Ledger"] = []
@@ -63,6 +70,7 @@ _LIBS: list = []
 _ORIG_WAIT: list = []
 _BEFORE: list = []
 _NESTED = threading.local()
+_EXPECTED: list[torch.device] = []
 
 
 def _tensors(x: Any) -> list[torch.Tensor]:
@@ -184,6 +192,8 @@ def _kernel(op, short: str, functional: bool):
 
     def kernel(keyset, *args, **kwargs):
         nested = getattr(_NESTED, "depth", 0)
+        if _EXPECTED and not nested and short != "wait_tensor":
+            _check_device(kind, args, kwargs)
         if _BEFORE and not nested and short != "wait_tensor" and _BEFORE[0](kind):
             return _skipped(op, args)
         ledger = _ACTIVE[-1] if _ACTIVE else None
@@ -242,6 +252,15 @@ def _skipped(op, args):
     return out[0] if len(out) == 1 else tuple(out)
 
 
+def _check_device(kind: str, args, kwargs) -> None:
+    want = _EXPECTED[-1]
+    for t in _tensors(list(args) + list(kwargs.values())):
+        if t.device.type != want.type:
+            raise RuntimeError(f"{kind} was handed a tensor on {t.device} {tuple(t.shape)}, but the process "
+                               f"group computes on {want}: build it on the group's device (an NCCL group "
+                               "rejects a CPU tensor)")
+
+
 def _patched_wait(self, *args, **kwargs):
     result = _ORIG_WAIT[0](self, *args, **kwargs)
     ledger = _ACTIVE[-1] if _ACTIVE else None
@@ -274,6 +293,22 @@ def install() -> None:
             raise
         _ORIG_WAIT.append(dist.Work.wait)
         dist.Work.wait = _patched_wait
+
+
+class expect_device:
+    """`with expect_device(device):` a collective or p2p op handed a tensor on another device
+    type raises (see the module docstring)."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+
+    def __enter__(self) -> "expect_device":
+        install()
+        _EXPECTED.append(self.device)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _EXPECTED.remove(self.device)
 
 
 class recording:
