@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TIERS = ("pure", "rank1", "multirank", "session", "notebook", "browser")
+TIERS = ("pure", "rank1", "multirank", "session", "multihost", "notebook", "browser")
 
 
 def pytest_collection_modifyitems(config, items):

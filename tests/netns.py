@@ -1,0 +1,149 @@
+"""Hosts on one machine: Linux network namespaces on one private subnet, each with its own name.
+
+Owns making them and taking every trace of them away again. Host 0 holds a bridge with the
+first address of the subnet; every other host is joined to it by a veth pair whose outer
+end is created inside host 0 (nothing is added to the machine's own namespace: no
+interface, no address, no route) and whose inner end is `eth0` with the host's address. A
+process runs "on" a host through `ip netns exec` plus a UTS namespace of its own whose
+host name is the host's (`ip netns exec` alone keeps the machine's name, and ranks are
+grouped into hosts by name). `close()` kills every process still inside the namespaces
+(`ip netns pids`), then deletes them, which deletes their interfaces too. Needs root,
+`ip` (iproute2) and `unshare` (util-linux). Knows nothing of ipyparallel or torch.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+SUBNET = "10.213.7"
+IFACE = "eth0"
+
+
+class Unavailable(RuntimeError):
+    """Network namespaces cannot be made here (the reason is the message)."""
+
+
+def why_unavailable() -> str | None:
+    """None when this process can make namespaces, else why not."""
+    if os.geteuid() != 0:
+        return "needs root to make network namespaces (run the suite as root, as CI does)"
+    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    if missing:
+        return f"needs {' and '.join(missing)} on PATH (iproute2, util-linux)"
+    return None
+
+
+def _ip(*args: str, timeout: float = 10.0) -> str:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise Unavailable(f"`ip {' '.join(args)}` failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+@dataclass
+class Hosts:
+    """`n` hosts (0 .. n-1); host i is namespace `names[i]`, host name `host{i}`, address `address(i)`."""
+
+    n: int
+    tag: str = field(default_factory=lambda: f"ipmh{os.getpid()}")
+    names: list[str] = field(default_factory=list)
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def address(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def hostname(self, i: int) -> str:
+        return f"host{i}"
+
+    def open(self) -> "Hosts":
+        """Make the namespaces and the network; on any failure, undo what was made."""
+        try:
+            for i in range(self.n):
+                name = f"{self.tag}h{i}"
+                _ip("netns", "add", name)
+                self.names.append(name)
+                _ip("-n", name, "link", "set", "lo", "up")
+            hub = self.names[0]
+            _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+            _ip("-n", hub, "addr", "add", f"{self.address(0)}/24", "dev", "br0")
+            _ip("-n", hub, "link", "set", "br0", "up")
+            for i in range(1, self.n):
+                outer = f"v{i}"
+                _ip("-n", self.names[i], "link", "add", IFACE, "type", "veth", "peer", "name", outer, "netns", hub)
+                _ip("-n", hub, "link", "set", outer, "master", "br0")
+                _ip("-n", hub, "link", "set", outer, "up")
+                _ip("-n", self.names[i], "addr", "add", f"{self.address(i)}/24", "dev", IFACE)
+                _ip("-n", self.names[i], "link", "set", IFACE, "up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def command(self, i: int, argv: list[str]) -> list[str]:
+        """argv as run on host i: in its network namespace, under its host name."""
+        return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "--", "sh", "-c",
+                f'hostname {self.hostname(i)} && exec "$@"', "sh", *argv]
+
+    def start(self, i: int, argv: list[str], *, env: dict | None = None, log: str | None = None) -> subprocess.Popen:
+        """Start argv on host i (each exec replaces the last, so the pid is argv's own)."""
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(self.command(i, argv), env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if log:
+                out.close()
+        self.procs.append(proc)
+        return proc
+
+    def run(self, i: int, argv: list[str], *, env: dict | None = None, log: str | None = None,
+            timeout: float) -> int:
+        """Run argv on host i to the end; its exit code (TimeoutExpired after `timeout` s: close()
+        kills it)."""
+        return self.start(i, argv, env=env, log=log).wait(timeout=timeout)
+
+    def pids(self) -> list[int]:
+        """Every process inside the namespaces now."""
+        out = []
+        for name in self.names:
+            try:
+                out += [int(p) for p in _ip("netns", "pids", name).split()]
+            except Unavailable:
+                pass
+        return out
+
+    def close(self, grace: float = 5.0) -> None:
+        """Kill every process started here or still inside the namespaces, delete the namespaces."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in set(self.pids()) | {p.pid for p in self.procs if p.poll() is None}:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline and (self.pids() or any(p.poll() is None for p in self.procs)):
+                time.sleep(0.1)
+        for p in self.procs:
+            try:
+                p.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+        for name in reversed(self.names):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+        self.names = []
+
+    def __enter__(self) -> "Hosts":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def leftovers(tag: str) -> list[str]:
+    """Namespaces (and so their interfaces) whose name starts with `tag` that still exist."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
