@@ -39,18 +39,23 @@ def median_ms(fn, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def train_step_s(s: Session, steps: int, repeats: int) -> float:
+    """Median over `repeats` of the client's wall time of train(steps) / steps, after a warm-up."""
+    s.train(steps=WARMUP)
+    walls = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        s.train(steps=steps)
+        walls.append((time.perf_counter() - t) / steps)
+    return statistics.median(walls)
+
+
 def session_numbers(s: Session, plans: list[str], steps: int, repeats: int) -> dict:
     out: dict = {}
     s.load_model("tiny-llama")
     for name in plans:
         s.apply(Plan(**PLANS[name], **BATCH))
-        s.train(steps=WARMUP)
-        walls = []
-        for _ in range(repeats):
-            t = time.perf_counter()
-            s.train(steps=steps)
-            walls.append((time.perf_counter() - t) / steps)
-        out[f"step_{name}"] = statistics.median(walls) * 1e3
+        out[f"step_{name}"] = train_step_s(s, steps, repeats) * 1e3
     # warm re-plan: the ranks hold a model under another plan; lay it out anew and train
     replans = []
     for _ in range(repeats):

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bench_session import train_step_s  # this folder: the same timing as the Session bench
 from interactive_parallel import Plan, Session
 from interactive_parallel.runtime import api
 
@@ -58,13 +57,7 @@ def session_numbers(device: str, model: str, steps: int, repeats: int) -> dict:
         out["verify"] = s.verify()
         for probes in (True, False):
             s.set_probes(probes)
-            s.train(steps=WARMUP)
-            walls = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                s.train(steps=steps)
-                walls.append((time.perf_counter() - t) / steps)
-            out[f"step_probes_{'on' if probes else 'off'}"] = statistics.median(walls)
+            out[f"step_probes_{'on' if probes else 'off'}"] = train_step_s(s, steps, repeats)
     return out
 
 

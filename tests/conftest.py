@@ -1,6 +1,7 @@
 """Shared fixtures: a live 4-rank session per module, and leak checks for pools."""
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -44,14 +45,21 @@ def assert_gone(pids: list[int], ports: list[int], within: float = 10.0) -> None
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def session4():
+@contextlib.contextmanager
+def live_session(ranks: int):
+    """A local Session of `ranks` ranks; once stopped, checked to have left nothing running."""
     from interactive_parallel import Session
 
-    s = Session(ranks=4)
+    s = Session(ranks=ranks)
     pids, ports = pool_footprint(s)
     try:
         yield s
     finally:
         s.stop()
         assert_gone(pids, ports)
+
+
+@pytest.fixture(scope="module")
+def session4():
+    with live_session(4) as s:
+        yield s

@@ -15,7 +15,7 @@ import stat
 import psutil
 import pytest
 
-from conftest import assert_gone, pool_footprint
+from conftest import live_session
 from interactive_parallel import Plan, Session
 from interactive_parallel.cluster import SessionError
 from interactive_parallel.records import CommRecord
@@ -28,13 +28,8 @@ SMALL = dict(batch_size=8, seq_len=32)
 
 @pytest.fixture(scope="module")
 def session2():
-    s = Session(ranks=2)
-    pids, ports = pool_footprint(s)
-    try:
+    with live_session(2) as s:
         yield s
-    finally:
-        s.stop()
-        assert_gone(pids, ports)
 
 
 def listening(session) -> list[tuple[int, str, int]]:
