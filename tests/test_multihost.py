@@ -1,7 +1,7 @@
-"""Two and three hosts on one machine: network namespaces joined on one subnet (tests/netns.py).
+"""Two and three hosts on one machine: network namespaces joined on one subnet.
 
 The ipyparallel controller runs on host 0 with `ipcontroller --ip=<host 0>` and the
-engines on the other hosts with `ipengine` (2 ranks a host at most); the client
+engines on the other hosts with `ipengine` (interactive_parallel.cluster.netns) (2 ranks a host at most); the client
 (tests/multihost_driver.py) attaches a Session on host 0 and trains dp2 x tp2 at parity
 with one process, verifies, generates and exports. Checked here: ranks grouped by host,
 the rendezvous on the interface that reaches the controller (or the one named), every
@@ -17,20 +17,18 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-import netns
+from interactive_parallel.cluster import netns
 
 pytestmark = [pytest.mark.multihost, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-CLUSTER_ID = "multihost"
-STARTUP_S = 60.0
+CLUSTER_ID = netns.CLUSTER_ID
 DRIVER_S = 300.0
 TORCHRUN_S = 240.0
 SKEW_S = 5.0
@@ -88,22 +86,7 @@ def _tail(path: Path, n: int = 3000) -> str:
 
 def start_cluster(hosts: netns.Hosts, ranks_per_host: dict[int, int], tmp: Path,
                   skew: dict[int, float] | None = None) -> Path:
-    """ipcontroller on host 0 (listening on its address only), ipengine processes on the others."""
-    profile = tmp / "profile"
-    hosts.start(0, [str(BIN / "ipcontroller"), f"--profile-dir={profile}", f"--cluster-id={CLUSTER_ID}",
-                    f"--ip={hosts.address(0)}", "--HeartMonitor.period=500", "--log-level=WARN"],
-                env=_env(), log=str(tmp / "controller.log"))
-    engine_file = profile / "security" / f"ipcontroller-{CLUSTER_ID}-engine.json"
-    deadline = time.monotonic() + STARTUP_S
-    while not engine_file.exists():
-        assert time.monotonic() < deadline, f"controller did not start:\n{_tail(tmp / 'controller.log')}"
-        time.sleep(0.2)
-    for host, n in ranks_per_host.items():
-        for _ in range(n):
-            hosts.start(host, [str(BIN / "ipengine"), f"--profile-dir={profile}", f"--cluster-id={CLUSTER_ID}",
-                               "--IPEngine.enable_nanny=False", "--log-level=WARN"],
-                        env=_env((skew or {}).get(host, 0.0)), log=str(tmp / f"engines-host{host}.log"))
-    return profile
+    return netns.start_cluster(hosts, ranks_per_host, tmp, env=lambda host: _env((skew or {}).get(host, 0.0)))
 
 
 def run_driver(hosts: netns.Hosts, profile: Path, ranks: int, tmp: Path, *extra: str) -> dict:

@@ -1,4 +1,5 @@
-"""Hosts on one machine: Linux network namespaces on one private subnet, each with its own name.
+"""Hosts on one machine: Linux network namespaces on one private subnet, each with its own
+name, and an ipyparallel cluster across them (for the multi-host tests and workshop 09).
 
 Owns making them and taking every trace of them away again. Host 0 holds a bridge with the
 first address of the subnet; every other host is joined to it by a veth pair whose outer
@@ -6,9 +7,12 @@ end is created inside host 0 (nothing is added to the machine's own namespace: n
 interface, no address, no route) and whose inner end is `eth0` with the host's address. A
 process runs "on" a host through `ip netns exec` plus a UTS namespace of its own whose
 host name is the host's (`ip netns exec` alone keeps the machine's name, and ranks are
-grouped into hosts by name). `close()` kills every process still inside the namespaces
-(`ip netns pids`), then deletes them, which deletes their interfaces too. Needs root,
-`ip` (iproute2) and `unshare` (util-linux). Knows nothing of ipyparallel or torch.
+grouped into hosts by name). `start_cluster` runs ipyparallel's own `ipcontroller` on host
+0 (listening on its address only) and `ipengine` processes on the others; a client must
+run on host 0 too (`Hosts.run(0, ...)`), as the machine's own namespace has no address on
+that subnet. `close()` kills every process still inside the namespaces (`ip netns pids`),
+then deletes them, which deletes their interfaces too. Needs root, `ip` (iproute2) and
+`unshare` (util-linux). Knows nothing of torch or of sessions.
 """
 from __future__ import annotations
 
@@ -16,11 +20,16 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 SUBNET = "10.213.7"
 IFACE = "eth0"
+CLUSTER_ID = "netns"
+STARTUP_S = 60.0
 
 
 class Unavailable(RuntimeError):
@@ -147,3 +156,32 @@ def leftovers(tag: str) -> list[str]:
     """Namespaces (and so their interfaces) whose name starts with `tag` that still exist."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
+
+
+def start_cluster(hosts: Hosts, ranks_per_host: dict[int, int], workdir: str | Path,
+                  env: Callable[[int], dict] | None = None) -> Path:
+    """`ipcontroller` on host 0, listening on its address only, and `ranks_per_host[i]`
+    `ipengine` processes on host i; returns the profile directory to attach to (cluster id
+    CLUSTER_ID). `env(host)`: the environment of that host's processes (default: ours, one
+    intra-op thread). Logs go to `workdir`."""
+    workdir = Path(workdir)
+    env = env or (lambda _host: dict(os.environ, OMP_NUM_THREADS="1"))
+    bin_dir = Path(sys.executable).parent
+    profile = workdir / "profile"
+    hosts.start(0, [str(bin_dir / "ipcontroller"), f"--profile-dir={profile}", f"--cluster-id={CLUSTER_ID}",
+                    f"--ip={hosts.address(0)}", "--HeartMonitor.period=500", "--log-level=WARN"],
+                env=env(0), log=str(workdir / "controller.log"))
+    engine_file = profile / "security" / f"ipcontroller-{CLUSTER_ID}-engine.json"
+    deadline = time.monotonic() + STARTUP_S
+    while not engine_file.exists():  # ipengine gives up on a missing file after a few seconds
+        if time.monotonic() > deadline:
+            log = workdir / "controller.log"
+            raise TimeoutError(f"controller did not start in {STARTUP_S:g} s:\n"
+                               + (log.read_text(errors="replace")[-2000:] if log.exists() else ""))
+        time.sleep(0.2)
+    for host, n in ranks_per_host.items():
+        for _ in range(n):
+            hosts.start(host, [str(bin_dir / "ipengine"), f"--profile-dir={profile}", f"--cluster-id={CLUSTER_ID}",
+                               "--IPEngine.enable_nanny=False", "--log-level=WARN"],
+                        env=env(host), log=str(workdir / f"engines-host{host}.log"))
+    return profile
