@@ -15,7 +15,8 @@ import socket
 from typing import Any
 
 from ..plan import ModelSpec, Plan
-from ..records import FaultSpec, RankInfo, ShardRecord, StepRecord, TokenRecord, VerifyReport
+from ..records import (FaultSpec, Generation, QuantizeRecord, RankInfo, Request, ServeResult, ShardRecord,
+                       StepRecord, TokenRecord, VerifyReport)
 from . import state as _state
 
 
@@ -102,6 +103,7 @@ def snapshot_local() -> bool:
     st.extra.pop("carry", None)
     if st.parallel is None:
         return True
+    dequantize()
     params = list(st.parallel.raw.state_dict().items())
     if getattr(st.parallel, "stages", None) or any(not type(v) is torch.Tensor for _, v in params):
         return False
@@ -131,6 +133,7 @@ def doctor(engine_id: int) -> RankInfo:
 
 def load_model(spec: ModelSpec) -> str:
     st = _state.get()
+    st.extra.pop("quantized", None)  # the old model's weights go with it
     st.reset_model()
     st.spec = spec
     return spec.name
@@ -146,6 +149,7 @@ def apply_plan(plan: Plan) -> dict[str, int]:
     st = _state.get()
     if st.spec is None:
         raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
+    dequantize()  # the new layout starts from the full-precision weights
     weights = st.parallel.full_state_dict() if st.parallel is not None else st.extra.pop("carry", None)
     st.parallel = st.model = st.optimizer = None
     device = _dist.torch_device(plan.device, st.local_rank)
@@ -178,6 +182,7 @@ def train(steps: int) -> list[StepRecord]:
     from .train import train_step as _step
 
     st = _require_plan()
+    _refuse_quantized(st, "train")
     kept = []
     faults.call_started()
     try:
@@ -194,13 +199,14 @@ def train(steps: int) -> list[StepRecord]:
     return kept
 
 
-def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> dict[int, str]:
-    """Completions of this rank's share of `prompts`, keyed by prompt index.
+def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> Generation:
+    """Completions of this rank's share of `prompts` (KV-cached decoding), keyed by prompt index.
 
     Data-parallel ranks split the prompts round-robin (inference scales out the same way
     training does); every rank runs the same number of rows so sharded forwards stay in step.
     One rank per replica (tp, pp and cp coordinates 0) streams each decoding step's new text
-    as TokenRecords; before every step the ranks agree whether to stop.
+    as TokenRecords; every rank streams its DecodeSteps. After every step the ranks agree
+    whether to stop (asked to, or every row everywhere has finished).
     """
     import time
 
@@ -213,14 +219,17 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
     rows = -(-len(prompts) // par.data_count)
     padded = [prompts[i] for i in mine] + [prompts[0]] * (rows - len(mine))
     leader = all(v == 0 for k, v in par.coords.items() if str(k) in ("tp", "pp", "cp"))
+    kept: list = []
 
-    def on_step(position: int, pieces: list[str], done: list[bool]) -> bool:
+    def on_step(position: int, pieces: list[str], done: list[bool], step) -> bool:
         if leader and channel.streaming():
             now = time.time()
             for j, i in enumerate(mine):
                 channel.emit(TokenRecord(rank=st.rank, prompt=i, position=position, text=pieces[j], done=done[j],
                                          time=now))
-        if channel.agree_stop(par.device):
+        if not channel.emit(step):
+            kept.append(step)
+        if channel.agree_stop(par.device, finished=all(done[:len(mine)])):
             return True
         faults.boundary()  # before the next decoding step
         return False
@@ -228,10 +237,57 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
     faults.call_started()
     try:
         faults.boundary()  # the first decoding step
-        texts = _generate(par, padded, max_new_tokens, on_step=on_step, **options)
+        texts = _generate(par, padded, max_new_tokens, rank=st.rank, on_step=on_step, **options)
     finally:
         faults.disarm()  # armed for this call only
-    return {i: texts[j] for j, i in enumerate(mine)}
+    return Generation(rank=st.rank, texts={i: texts[j] for j, i in enumerate(mine)}, steps=kept)
+
+
+def serve(requests: list[Request], options: dict[str, Any]) -> ServeResult:
+    """This rank's part of a serving call (runtime.serve): its replica's requests, continuously
+    batched by the engine the client chose (options: engine, reason, policy, max_batch,
+    kv_tokens). Tokens, finished requests and steps stream through runtime.channel as they
+    happen; the records no channel took come back in the ServeResult."""
+    from . import faults
+    from .serve import serve as _serve
+
+    st = _require_plan()
+    faults.call_started()
+    try:
+        return _serve(st.parallel, list(requests), rank=st.rank, **options)
+    finally:
+        faults.disarm()  # armed for this call only
+
+
+def quantize(scheme: str) -> QuantizeRecord:
+    """Quantize this rank's block linears with torchao (runtime.quantize; a collective when the
+    probe's forwards are): bytes before and after, decoding speed and greedy agreement measured.
+    A model already quantized goes back to full precision first."""
+    from .quantize import quantize as _quantize
+
+    st = _require_plan()
+    dequantize()
+    record, kept = _quantize(st.parallel, scheme, st.rank)
+    st.extra["quantized"] = (scheme, kept)
+    return record
+
+
+def dequantize() -> bool:
+    """Put back the full-precision weights quantize kept; False when the model was not quantized."""
+    from .quantize import restore
+
+    st = _state.get()
+    held = st.extra.pop("quantized", None)
+    if held is None or st.parallel is None:
+        return False
+    restore(st.parallel, held[1])
+    return True
+
+
+def _refuse_quantized(st, what: str) -> None:
+    if "quantized" in st.extra:
+        raise RuntimeError(f"rank {st.rank}: the model is quantized ({st.extra['quantized'][0]}): {what} needs "
+                           "full-precision weights; dequantize() first")
 
 
 def inject(fault: FaultSpec) -> list[FaultSpec]:
@@ -297,6 +353,7 @@ def verify(step: int | None = None) -> VerifyReport:
     from .verify import verify as _verify
 
     st = _require_plan()
+    _refuse_quantized(st, "verify")
     return _verify(st.parallel, st.step if step is None else step)
 
 
@@ -316,6 +373,7 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     from .train import make_optimizer
 
     st = _require_plan()
+    dequantize()  # the checkpoint's weights are full precision; they replace ours
     info = load(st.parallel, path)
     st.optimizer = make_optimizer(st.parallel)
     return info

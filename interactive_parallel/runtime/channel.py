@@ -46,20 +46,23 @@ def stop_requested() -> bool:
     return bool(source and source())
 
 
-def agree_stop(device: Any = "cpu") -> bool:
-    """True on every rank when any rank was asked to stop (a collective over the world group).
+def agree_stop(device: Any = "cpu", finished: bool | None = None) -> bool:
+    """True on every rank when any rank was asked to stop (a collective over the world group),
+    or, when `finished` is given, when every rank has finished its own work.
 
-    Without a stop source nobody can ask, so no collective is issued: every rank of one
-    job is driven the same way, so they agree on skipping it too.
+    Without a stop source nobody can ask, so without `finished` no collective is issued:
+    every rank of one job is driven the same way, so they agree on skipping it too.
     """
-    if _STOP[0] is None:
+    if _STOP[0] is None and finished is None:
         return False
     import torch
     import torch.distributed as dist
 
     local = stop_requested()
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return local
-    flag = torch.tensor([1.0 if local else 0.0], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
+        return local or bool(finished)
+    # [asked, not finished]: MAX over ranks -> anyone asked / anyone still busy
+    flags = torch.tensor([1.0 if local else 0.0, 0.0 if finished or finished is None else 1.0], device=device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    asked, busy = flags.tolist()
+    return asked > 0 or (finished is not None and busy == 0)

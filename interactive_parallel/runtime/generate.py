@@ -1,13 +1,14 @@
-"""Text generation on this rank: greedy or sampled, batched prompts, no KV cache.
+"""Text generation on this rank: KV-cached, greedy or sampled, batched prompts of any lengths.
 
-Owns the decoding loop. Every rank runs max_new_tokens forward passes (no early stop at
-end-of-sequence; only when the caller's `on_step`, agreed across ranks, says so) so that
-ranks whose forward is a collective stay in lockstep; text is cut at the end-of-sequence
-token afterwards. Sampling draws from a generator seeded the same on
-every rank, so tensor-parallel ranks agree on each token. Knows nothing of layouts:
-Parallelized.forward_logits returns full logits on every rank (under PP the last stage
-broadcasts them; stages are run with plain send/recv because a PipelineStage cannot
-change its sequence length), so every rank builds the same completions.
+Owns the decoding loop: one forward over the left-padded prompts (prefill), then one
+forward per new token that feeds only that token, the earlier ones living in transformers'
+cache (runtime.decode runs the forward under each layout and keeps the cache). Every rank
+runs the same number of steps (decoding stops early only when the ranks agree, through
+the caller's `on_step`) so that ranks whose forward is a collective stay in lockstep; text
+is cut at the end-of-sequence token afterwards. The vocabulary's padding rows (ids the
+tokenizer never makes) are never chosen. Sampling draws from a generator seeded the same on
+every rank, and every rank gets the same logits, so tensor- and pipeline-parallel ranks
+agree on each token. Knows nothing of layouts, streaming or records' transport.
 """
 from __future__ import annotations
 
@@ -15,70 +16,91 @@ from typing import Callable
 
 import torch
 
+from ..records import DecodeStep
+from .decode import cache_bytes, forward_last, measured, new_caches
 from .parallelized import Parallelized
 from .tokenizer import get_tokenizer
 
+OnStep = Callable[[int, list[str], list[bool], DecodeStep], bool]
+
+
+def pick(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: int,
+         generator: torch.Generator | None) -> torch.Tensor:
+    """Next token ids [b, 1] from float logits [b, vocab] (padding rows already at -inf)."""
+    if not do_sample:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / max(temperature, 1e-5)
+    if top_k:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
+
+
+def suppress_padding(logits: torch.Tensor) -> torch.Tensor:
+    """The embedding's padding rows (ids past the tokenizer's vocabulary) are never text."""
+    logits[:, len(get_tokenizer()):] = float("-inf")
+    return logits
+
+
+def encode(prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and attention mask [b, s] of `prompts`."""
+    enc = get_tokenizer()(prompts, padding=True, return_tensors="pt", add_special_tokens=False)
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, **kw) -> list[str]:
+    """Completions of `prompts`, cut at their end-of-sequence token (see generate_ids)."""
+    return decode_new(generate_ids(par, prompts, max_new_tokens, **kw)) if prompts else []
+
 
 @torch.no_grad()
-def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_sample: bool = False,
-             temperature: float = 1.0, top_k: int = 0, seed: int = 0,
-             on_step: Callable[[int, list[str], list[bool]], bool] | None = None) -> list[str]:
-    """Completions of `prompts`. After each decoding step `on_step(position, new_text, done)` gets
-    each row's new text and whether the row has finished; returning True stops decoding there
-    (every rank must return the same: the caller agrees on it with its peers)."""
+def generate_ids(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int = 0, seed: int = 0, rank: int = 0,
+                 on_step: OnStep | None = None) -> torch.Tensor:
+    """New token ids [b, steps] of `prompts`. After each decoding step `on_step(position,
+    new_text, done, step)` gets each row's new text, whether each row has finished and the
+    step's DecodeStep; returning True stops decoding there (every rank must return the same:
+    the caller agrees on it with its peers)."""
     tok = get_tokenizer()
-    if not prompts:
-        return []
-    enc = tok(prompts, padding=True, return_tensors="pt", add_special_tokens=False)
-    ids, mask = enc["input_ids"].to(par.device), enc["attention_mask"].to(par.device)
+    ids, mask = encode(prompts, par.device)
     gen = torch.Generator(device=par.device).manual_seed(seed)
-    prompt_len = ids.shape[1]
-    shown = [""] * len(prompts)
+    caches = new_caches(par, len(prompts))
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    new = torch.empty(len(prompts), 0, dtype=ids.dtype, device=ids.device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=ids.device)
+    step_ids = ids
+    was_training = par.model.training
     par.model.eval()
     try:
         for position in range(max_new_tokens):
-            step_ids, step_mask = _pad_for_layout(par, ids, mask)
-            position_ids = (step_mask.cumsum(-1) - 1).clamp(min=0)
-            logits = par.forward_logits(step_ids, attention_mask=step_mask,
-                                        position_ids=position_ids)[:, -1, :].float()
-            logits[:, len(tok):] = float("-inf")  # padding rows of the embedding are never text
-            if do_sample:
-                logits = logits / max(temperature, 1e-5)
-                if top_k:
-                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                    logits = logits.masked_fill(logits < kth, float("-inf"))
-                nxt = torch.multinomial(torch.softmax(logits, -1), 1, generator=gen)
-            else:
-                nxt = logits.argmax(-1, keepdim=True)
-            ids = torch.cat([ids, nxt], dim=1)
-            mask = torch.cat([mask, torch.ones_like(nxt)], dim=1)
-            if on_step is not None:
-                texts = _decode(tok, ids[:, prompt_len:])
-                done = [tok.eos_token_id in row for row in ids[:, prompt_len:].tolist()]
-                done = [d or position == max_new_tokens - 1 for d in done]
-                pieces = [t[len(p):] for t, p in zip(texts, shown)]
-                shown = texts
-                if on_step(position, pieces, done):
-                    break
+            with measured(par, rank, position) as cost:
+                logits = suppress_padding(forward_last(par, step_ids, mask, positions, caches))
+                nxt = pick(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, generator=gen)
+            live = int((~done).sum())
+            new = torch.cat([new, nxt], 1)
+            mask = torch.cat([mask, torch.ones_like(nxt)], 1)
+            positions, step_ids = positions[:, -1:] + 1, nxt
+            if on_step is None:
+                done |= nxt[:, 0] == tok.eos_token_id
+                continue
+            pieces = [tok.decode([t], skip_special_tokens=True) if not d else ""
+                      for t, d in zip(nxt[:, 0].tolist(), done.tolist())]
+            done |= nxt[:, 0] == tok.eos_token_id
+            record = DecodeStep(rank=rank, step=position, phase="decode" if position else "prefill",
+                                start=cost.start, time_s=cost.time_s, tokens=live, running=len(prompts),
+                                kv_bytes=cache_bytes(caches), comm_s=cost.comm_s, comm_bytes=cost.comm_bytes,
+                                comm_ops=cost.comm_ops, engine="generate")
+            finished = [bool(d) or position == max_new_tokens - 1 for d in done.tolist()]
+            if on_step(position, pieces, finished, record):
+                break
     finally:
-        par.model.train()
-    return _decode(tok, ids[:, prompt_len:])
+        par.model.train(was_training)
+    return new
 
 
-def _pad_for_layout(par: Parallelized, ids: torch.Tensor, mask: torch.Tensor):
-    """Left-pad so sequence-parallel layers can cut the sequence evenly over tp ranks.
-
-    Padding is masked out and positions come from the mask, so the logits are unchanged.
-    """
-    plan = par.plan
-    extra = (-ids.shape[1]) % plan.tp if plan.sequence_parallel and plan.tp > 1 else 0
-    if not extra:
-        return ids, mask
-    pad = torch.zeros(ids.shape[0], extra, dtype=ids.dtype, device=ids.device)
-    return torch.cat([pad, ids], 1), torch.cat([torch.zeros_like(pad, dtype=mask.dtype), mask], 1)
-
-
-def _decode(tok, new_ids: torch.Tensor) -> list[str]:
+def decode_new(new_ids: torch.Tensor) -> list[str]:
+    """Text of each row of generated ids, cut at its end-of-sequence token."""
+    tok = get_tokenizer()
     out = []
     for row in new_ids.tolist():
         if tok.eos_token_id in row:

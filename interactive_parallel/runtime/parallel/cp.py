@@ -13,6 +13,12 @@ mask written in global positions.
 
 Load balance: the sequence is cut into 2*cp chunks and rank r keeps chunks r and
 2*cp-1-r, so under a causal mask every rank does the same amount of attention work.
+
+Generation: the prompt's forward (prefill) runs split like a training step, inside
+`prefill(cache, key_mask)`: the keys and values each rank gathers anyway are what the
+transformers cache keeps for its layer (the whole sequence, so later tokens can attend to
+all of it), and padding keys are hidden. The decoding steps after it run the whole (short)
+sequence on every cp rank (`whole_sequence()`), against that cache, under the caller's mask.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from torch import nn
 
 IMPL = "ip_context_parallel"
 _ENABLED = [True]
+_PREFILL: list = [None]
+"""(cache, key mask [b, s] in global order) while a cached prefill runs split, else None."""
 
 
 def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
@@ -72,24 +80,35 @@ def _whole_sequence(t: torch.Tensor, group, cp: int) -> torch.Tensor:
     return torch.cat(order, dim=2)  # [b, heads, s, d], global order
 
 
+def _repeat_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
+    return t.repeat_interleave(groups, 1) if groups > 1 else t  # [b, kv_heads, s, d] -> [b, heads, s, d]
+
+
 def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: float = 0.0,
                  scaling: float | None = None, **kwargs):
     """transformers attention interface: (B, H, S_local, D) q/k/v -> ((B, S_local, H, D), None)."""
     group = getattr(module, "_ip_cp_group", None)
     groups = getattr(module, "num_key_value_groups", 1)
-    if groups > 1:  # [b, kv_heads, s, d] -> [b, heads, s, d]
-        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     if group is None or not _ENABLED[0]:
-        # Inference (generation) runs the whole sequence on every cp rank.
+        # Decoding runs the whole sequence on every cp rank; with a cache the caller gives the mask.
+        key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)
         causal = attention_mask is None and query.shape[2] > 1
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, is_causal=causal,
                                              scale=scaling, dropout_p=dropout)
         return out.transpose(1, 2).contiguous(), None
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)  # [b, heads, s, d]
+    key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)  # [b, kv_heads, s, d]
     q_pos = local_positions(query.shape[2], cp, rank, query.device)  # [s/cp]
     k_pos = torch.arange(key.shape[2], device=query.device)  # [s]
     mask = q_pos[:, None] >= k_pos[None, :]  # [s/cp, s], causal in global positions
+    if _PREFILL[0] is not None:
+        cache, key_mask = _PREFILL[0]
+        layer = cache.layers[module.layer_idx]
+        layer.keys, layer.values = key, value  # the whole prompt, not the local chunk update() stored
+        # Padding keys hidden; every query still sees itself, so a padding query's row is not
+        # empty (an empty row is NaN in SDPA, and NaN reaches the real rows through V).
+        mask = (mask[None, None] & key_mask[:, None, None, :].bool()) | (q_pos[:, None] == k_pos[None, :])
+    key, value = _repeat_kv(key, groups), _repeat_kv(value, groups)  # [b, heads, s, d]
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling, dropout_p=dropout)
     return out.transpose(1, 2).contiguous(), None  # [b, heads, s/cp, d] -> [b, s/cp, heads, d]
 
@@ -115,9 +134,20 @@ def apply_cp(model: nn.Module, mesh, spec) -> None:
 
 @contextlib.contextmanager
 def whole_sequence():
-    """Run attention on the full local sequence (generation): no split, no gather."""
+    """Run attention on the full local sequence (decoding): no split, no gather."""
     _ENABLED[0] = False
     try:
         yield
     finally:
         _ENABLED[0] = True
+
+
+@contextlib.contextmanager
+def prefill(cache, key_mask: torch.Tensor):
+    """A split forward of a prompt whose gathered keys and values fill `cache` (see the module
+    docstring); `key_mask` [b, s] (1: a real token) in global order hides the padding."""
+    _PREFILL[0] = (cache, key_mask)
+    try:
+        yield
+    finally:
+        _PREFILL[0] = None

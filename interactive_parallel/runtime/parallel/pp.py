@@ -4,9 +4,11 @@ Owns the stage module (a thin nn.Module over the transformers model's own embedd
 layers and head, found through the family's FAMILIES entry: the model code is not edited
 and the parameter names stay the model's), the split into the stages a rank holds (loop
 order: rank r holds stages r, r + pp, ...; Plan.stage_ids), the schedule (GPipe, 1F1B,
-Interleaved1F1B) with the last stage's loss (scaled for fp16), and a schedule-free
-forward with plain send/recv for inference, whose shapes change every generated token.
-Knows nothing of the other axes: they are applied to the stage modules afterwards.
+Interleaved1F1B) with the last stage's loss (scaled for fp16), and a schedule-free forward
+for inference (shapes change every generated token, which a PipelineStage cannot follow):
+micro-batches flow through the stages with point-to-point sends, each stage keeping the KV
+cache of its own layers (transformers' cache classes) per micro-batch. Knows nothing of the
+other axes: they are applied to the stage modules afterwards.
 """
 from __future__ import annotations
 
@@ -21,12 +23,20 @@ from ...plan import ModelSpec, Plan
 from ..loss import token_loss
 
 
-def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device) -> torch.Tensor | None:
-    """Additive (batch, 1, seq, seq) mask: causal and hiding padding; None means plain causal."""
-    if attention_mask is None or bool(attention_mask.all()):
+def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device, past: int = 0) -> torch.Tensor | None:
+    """Additive (batch, 1, seq, past + seq) mask: causal (query i sees keys up to past + i) and
+    hiding padding; None means plain causal over the queries alone (no cache, no padding).
+
+    Additive with the dtype's minimum, not -inf: a padding query that may see nothing then
+    gets a uniform (finite) row instead of NaN, which would reach the real rows through V.
+    """
+    if past == 0 and (attention_mask is None or bool(attention_mask.all())):
         return None
-    keep = torch.ones(seq, seq, dtype=torch.bool, device=device).tril()
-    keep = keep[None, None] & attention_mask[:, None, None, :].bool()
+    keep = torch.ones(seq, past + seq, dtype=torch.bool, device=device).tril(past)  # [s, past + s]
+    if attention_mask is not None:
+        keep = keep[None, None] & attention_mask[:, None, None, :].bool()  # [b, 1, s, past + s]
+    else:
+        keep = keep[None, None]
     return torch.zeros(keep.shape, dtype=dtype, device=device).masked_fill(~keep, torch.finfo(dtype).min)
 
 
@@ -68,15 +78,18 @@ class StageModule(nn.Module):
         return self.embed_drop(h) if self.embed_drop is not None else h
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+                position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """`cache`: a transformers Cache holding (at least) this stage's layers, by their global
+        index; `attention_mask` then covers the cached tokens too, [b, past + s]."""
         seq = x.shape[1]
+        past = cache.get_seq_length(self.layer_ids[0]) if cache is not None else 0
         if position_ids is None:
-            position_ids = torch.arange(seq, device=x.device).unsqueeze(0)  # [1, s]
+            position_ids = (past + torch.arange(seq, device=x.device)).unsqueeze(0)  # [1, s]
         h = self._embed(x, position_ids) if self.first else x  # [b, s, h]
-        mask = causal_mask(attention_mask, seq, h.dtype, h.device)  # None or [b, 1, s, s]
-        kw = {}
+        mask = causal_mask(attention_mask, seq, h.dtype, h.device, past)  # None or [b, 1, s, past + s]
+        kw = {} if cache is None else dict(cache=cache)
         if self.rotary is not None:
-            kw = dict(position_ids=position_ids, position_embeddings=self.rotary(h, position_ids=position_ids))
+            kw.update(position_ids=position_ids, position_embeddings=self.rotary(h, position_ids=position_ids))
         for layer in self.layers:
             h = layer(h, attention_mask=mask, **kw)  # [b, s, h]
         if self.last:
@@ -154,29 +167,52 @@ def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device)
 
 @torch.no_grad()
 def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids: torch.Tensor,
-                     hidden_size: int, vocab: int, **kw) -> torch.Tensor:
-    """Logits of a full forward through all stages with blocking send/recv, on every pp rank.
+                     hidden_size: int, vocab: int, *, caches: list | None = None, take: int | None = None,
+                     attention_mask: torch.Tensor | None = None,
+                     position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits of a forward through all stages, on every pp rank: [b, s, vocab], or [b, vocab]
+    of position `take` alone.
 
     No PipelineStage: stages there fix their buffer shapes at first use, and reusing one
     with another sequence length aborts the process on gloo (measured). Every rank knows
-    `ids`, so each can size its receive buffer; the last stage broadcasts the logits.
+    `ids`, so each can size its receive buffers. With `caches` (one transformers Cache per
+    micro-batch) the rows are cut into len(caches) micro-batches that flow through the
+    stages: a stage sends one micro-batch on (isend) and starts the next while the next
+    stage works on the first, and each stage's layers keep their keys and values in that
+    micro-batch's cache. Every rank walks (micro-batch, stage) in the same order, so the
+    sends between two ranks meet their receives in order. The last stage broadcasts the
+    logits over the pp group, so every rank samples the same next token.
     """
     pp_rank, pp = dist.get_rank(pp_group), plan.pp
     mine = dict(zip(plan.stage_ids(pp_rank), stage_modules))
     total = plan.n_stages
+    parts = len(caches) if caches else 1
+    last_owner = (total - 1) % pp
+    outs, pending = [], []
+    for m, idx in enumerate(torch.arange(ids.shape[0]).tensor_split(parts)):  # rows of each micro-batch
+        rows = slice(int(idx[0]), int(idx[-1]) + 1)
+        mb = ids[rows]  # [b/m, s]
+        kw = dict(cache=caches[m] if caches else None,
+                  attention_mask=None if attention_mask is None else attention_mask[rows],
+                  position_ids=position_ids if position_ids is None or position_ids.shape[0] == 1
+                  else position_ids[rows])
+        h = None
+        for stage in range(total):
+            if stage % pp != pp_rank:
+                continue
+            if stage > 0:
+                h = torch.empty(mb.shape[0], mb.shape[1], hidden_size, device=ids.device)  # [b/m, s, h]
+                dist.recv(h, group=pp_group, group_src=(stage - 1) % pp, tag=stage)
+            h = mine[stage](mb if stage == 0 else h, **kw)  # [b/m, s, h], or [b/m, s, vocab] on the last stage
+            if stage < total - 1:
+                pending.append(dist.isend(h.float().contiguous(), group=pp_group, group_dst=(stage + 1) % pp,
+                                          tag=stage + 1))
+        if pp_rank == last_owner:
+            outs.append(h.float() if take is None else h[:, take].float())
+    for work in pending:
+        work.wait()
     b, s = ids.shape
-    h = None
-    for stage in range(total):
-        owner = stage % pp
-        if owner != pp_rank:
-            continue
-        if stage > 0:
-            h = torch.empty(b, s, hidden_size, device=ids.device)  # [b, s, h] from the previous stage
-            dist.recv(h, group=pp_group, group_src=(stage - 1) % pp)
-        h = mine[stage](ids if stage == 0 else h, **kw)  # [b, s, h], or [b, s, vocab] on the last stage
-        if stage < total - 1:
-            dist.send(h.float().contiguous(), group=pp_group, group_dst=(stage + 1) % pp)
-    last = pp_rank == (total - 1) % pp
-    logits = h.float().contiguous() if last else torch.empty(b, s, vocab, device=ids.device)  # [b, s, vocab]
-    dist.broadcast(logits, group=pp_group, group_src=(total - 1) % pp)
+    shape = (b, s, vocab) if take is None else (b, vocab)
+    logits = torch.cat(outs).contiguous() if pp_rank == last_owner else torch.empty(shape, device=ids.device)
+    dist.broadcast(logits, group=pp_group, group_src=last_owner)
     return logits
