@@ -5,12 +5,13 @@ ranks that import it); `Session` is loaded on first use, and `panel()` loads ipy
 and plotly only when called.
 """
 from .plan import Plan, PlanError
-from .records import (CommRecord, MemoryRecord, PipelineEvent, RankInfo, ShardRecord, StepRecord, TokenRecord,
-                      VerifyReport)
+from .records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, RankInfo, Request,
+                      RequestRecord, ServeResult, ShardRecord, StepRecord, TokenRecord, VerifyReport)
 
 __version__ = "0.1.0"
 __all__ = ["Session", "Plan", "PlanError", "RankError", "RankTimeout", "SessionError", "panel", "StepRecord",
-           "MemoryRecord", "CommRecord", "ShardRecord", "PipelineEvent", "RankInfo", "TokenRecord", "VerifyReport"]
+           "MemoryRecord", "CommRecord", "ShardRecord", "PipelineEvent", "RankInfo", "TokenRecord", "VerifyReport",
+           "Request", "RequestRecord", "ServeResult", "DecodeStep", "QuantizeRecord"]
 
 
 def panel(session=None):

@@ -1,7 +1,7 @@
 """The model as the client knows it, and every action on it: load, lay out, train, generate,
-verify, checkpoints, export, layout, probes and debug mode.
+serve, quantize, verify, checkpoints, export, layout, probes and debug mode.
 
-Owns the client's view of the model (spec, plan, debug mode), the checks that refuse bad
+Owns the client's view of the model (spec, plan, debug mode, quantization), the checks that refuse bad
 input before any rank is touched, and turning the ranks' streamed records into steps (a
 step is complete when every rank has reported it) that land in the telemetry store and reach
 `on_step` while the ranks keep going. It is the rank set's Relayout hook: after a re-formed
@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan, PlanError, check, resolve_model
-from ..records import RecordList, StepRecord, TokenRecord, VerifyReport
+from ..plan.inference import quantization_problems, request_problems, serving_engine
+from ..records import (DecodeStep, RecordList, Request, RequestRecord, ServeResult, StepRecord, TokenRecord,
+                       VerifyReport)
 from ..runtime import api
 from .errors import SessionError
 from .rankset import RankSet
@@ -37,6 +39,8 @@ class ModelOps:
     spec: ModelSpec | None = None
     plan: Plan | None = None
     debug: bool = False
+    quantization: str | None = None
+    """The torchao scheme the ranks' model is quantized with (None: full precision)."""
     stop: threading.Event = field(default_factory=threading.Event)
     """Set by interrupt(): the running train/generate stops at the ranks' next boundary."""
     _kept: list[bool] = field(default_factory=list)
@@ -96,6 +100,35 @@ class ModelOps:
         if problems:
             raise ValueError("; ".join(problems))
 
+    def check_quantization(self, scheme: str, plan: Plan, spec: ModelSpec) -> None:
+        problems = quantization_problems(plan, scheme, spec)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def refuse_quantized(self, what: str) -> None:
+        if self.quantization is not None:
+            raise SessionError(f"the model is quantized ({self.quantization}): {what} needs full-precision "
+                               "weights; call dequantize() (or apply a plan, or load a checkpoint) first")
+
+    def check_requests(self, requests: Any, max_batch: int, kv_tokens: int | None) -> list[Request]:
+        """Request objects (from Requests, dicts, or bare prompt strings), or ValueError listing
+        every problem."""
+        spec = self.require_model()
+        items = [requests] if isinstance(requests, (str, Request, dict)) else list(requests)
+        reqs = []
+        for i, r in enumerate(items):
+            if isinstance(r, str):
+                r = Request(id=str(i), prompt=r)
+            elif isinstance(r, dict):
+                r = Request(**r)
+            elif not isinstance(r, Request):
+                raise TypeError(f"request {i} is a {type(r).__name__}: give Request objects, dicts or prompts")
+            reqs.append(dataclasses.replace(r, stop=list(r.stop)))
+        problems = request_problems(reqs, spec, max_batch=max_batch, kv_tokens=kv_tokens)
+        if problems:
+            raise ValueError("bad requests:\n  - " + "\n  - ".join(problems))
+        return reqs
+
     # ---- laying out -----------------------------------------------------------------------------
     async def load_model(self, model: Any) -> ModelSpec:
         spec = resolve_model(model)  # unknown names fail here, before any rank is touched
@@ -104,20 +137,33 @@ class ModelOps:
         await self.ranks.require()
         await self.ranks.call(api.load_model, (spec,), what="load_model")
         self.spec = spec
+        self.quantization = None
+        self.telemetry.keep_quantization([])
         self.telemetry.plan_changed()
         if self.plan is not None:
             await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
         return spec
 
-    async def apply(self, plan: Plan) -> Plan:
+    async def apply(self, plan: Plan, keep_quantization: bool = False) -> Plan:
         self.check_plan(plan)
         self.check_debug_plan(plan)
-        self.require_model()
+        spec = self.require_model()
+        scheme = self.quantization if keep_quantization else None
+        if scheme is not None:
+            self.check_quantization(scheme, plan, spec)
         await self.ranks.require()
         await self.ranks.call(api.apply_plan, (plan,), what="apply")
         self.plan = plan
         self.telemetry.plan_changed()
+        await self._after_full_precision(scheme)
         return plan
+
+    async def _after_full_precision(self, scheme: str | None) -> None:
+        """The ranks just went back to full precision (apply, load): quantize again if asked."""
+        self.quantization = None
+        self.telemetry.keep_quantization([])
+        if scheme is not None:
+            await self.quantize(scheme)
 
     # ---- long calls ---------------------------------------------------------------------------------
     async def train(self, steps: int, on_step: Callable[[list[StepRecord]], None] | None = None,
@@ -125,6 +171,7 @@ class ModelOps:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps({steps}) must be a whole number >= 0")
         self.require_model()
+        self.refuse_quantized("train")
         self.stop.clear()
         base = self.plan or self.default_plan()
         plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
@@ -173,22 +220,80 @@ class ModelOps:
         if self.plan is None:
             await self.apply(self.default_plan())
         options = dict(do_sample=do_sample, temperature=temperature, top_k=top_k, seed=seed)
+        steps: list[DecodeStep] = []
 
-        def on_item(_rank: int, rec: TokenRecord) -> None:
-            if on_token is not None:
-                on_token(self.telemetry.on_client_clock(rec))  # its time on this client's clock
+        def on_item(_rank: int, rec) -> None:
+            rec = self.telemetry.on_client_clock(rec)  # its time on this client's clock
+            if isinstance(rec, DecodeStep):
+                steps.append(rec)
+            elif on_token is not None:
+                on_token(rec)
 
-        parts = await self.ranks.stream(api.generate, (prompts, max_new_tokens, options), on_item,
-                                        what="generate", stop=self.stop)
+        try:
+            parts = await self.ranks.stream(api.generate, (prompts, max_new_tokens, options), on_item,
+                                            what="generate", stop=self.stop)
+        finally:
+            self.telemetry.keep_decoding(steps)
         merged: dict[int, str] = {}
         for part in parts:
-            for i, text in part.items():
+            steps.extend(part.steps)
+            for i, text in part.texts.items():
                 merged.setdefault(int(i), text)
+        self.telemetry.keep_decoding(steps)
         return [merged.get(i, "") for i in range(len(prompts))]
+
+    async def serve(self, requests: Any, *, engine: str = "auto", policy: str = "continuous", max_batch: int = 8,
+                    kv_tokens: int | None = None, on_token: Callable[[TokenRecord], None] | None = None,
+                    on_request: Callable[[RequestRecord], None] | None = None,
+                    on_step: Callable[[DecodeStep], None] | None = None) -> ServeResult:
+        reqs = self.check_requests(requests, max_batch, kv_tokens)
+        plan = self.plan or self.default_plan()
+        chosen, why = serving_engine(plan, self.spec, reqs, engine, policy)
+        self.stop.clear()
+        if self.plan is None:
+            await self.apply(plan)
+        options = dict(engine=chosen, reason=why, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens)
+        steps: list[DecodeStep] = []
+        listeners = {TokenRecord: on_token, RequestRecord: on_request, DecodeStep: on_step}
+
+        def on_item(_rank: int, rec) -> None:
+            if isinstance(rec, (TokenRecord, DecodeStep)):
+                rec = self.telemetry.on_client_clock(rec)  # its time on this client's clock
+            if isinstance(rec, DecodeStep):
+                steps.append(rec)
+            listener = listeners.get(type(rec))
+            if listener is not None:
+                listener(rec)
+
+        parts = await self.ranks.stream(api.serve, (reqs, options), on_item, what="serve", stop=self.stop)
+        order = {r.id: i for i, r in enumerate(reqs)}
+        done = sorted((r for part in parts for r in part.requests), key=lambda r: order[r.id])
+        result = ServeResult(engine=chosen, reason=why, policy=policy, plan=plan.describe(),
+                             wall_s=max(p.wall_s for p in parts), requests=done,
+                             steps=sorted(steps + [x for p in parts for x in p.steps], key=lambda r: (r.step, r.rank)))
+        self.telemetry.keep_served(result)
+        return result
+
+    async def quantize(self, scheme: str) -> RecordList:
+        plan = self.require_layout()
+        self.check_quantization(scheme, plan, self.spec)
+        await self.ranks.require()
+        records = await self.ranks.call(api.quantize, (scheme,), what="quantize")
+        self.quantization = scheme
+        self.telemetry.keep_quantization(records)
+        return self.telemetry.quantization
+
+    async def dequantize(self) -> None:
+        self.require_layout()
+        await self.ranks.require()
+        await self.ranks.call(api.dequantize, what="dequantize")
+        self.quantization = None
+        self.telemetry.keep_quantization([])
 
     # ---- looking at the model -------------------------------------------------------------------------
     async def verify(self) -> VerifyReport:
         plan = self.require_layout()
+        self.refuse_quantized("verify")
         await self.ranks.require()
         report = (await self.ranks.call(api.verify, what="verify"))[0]
         return dataclasses.replace(report, plan=plan.describe())
@@ -220,6 +325,7 @@ class ModelOps:
     # ---- files ---------------------------------------------------------------------------------------
     async def save(self, path: str) -> str:
         plan = self.require_layout()
+        self.refuse_quantized("save")
         path = os.path.abspath(path)  # the ranks' working directory is not ours
         os.makedirs(path, exist_ok=True)
         await self.ranks.require()
@@ -229,7 +335,7 @@ class ModelOps:
             json.dump(manifest, f, indent=1)
         return path
 
-    async def load(self, path: str) -> str:
+    async def load(self, path: str, keep_quantization: bool = False) -> str:
         path = os.path.abspath(path)
         manifest_path = os.path.join(path, MANIFEST)
         if not os.path.isfile(manifest_path):
@@ -240,8 +346,10 @@ class ModelOps:
             raise SessionError(f"checkpoint {path} is of model {saved.get('name')!r}, not the loaded "
                                f"{self.spec.name!r}: load_model the same model first")
         self.require_layout()
+        scheme = self.quantization if keep_quantization else None
         await self.ranks.require()
         await self.ranks.call(api.load_checkpoint, (path,), what="load")
+        await self._after_full_precision(scheme)
         return path
 
     def export_script(self, path: str, steps: int) -> str:
@@ -274,3 +382,5 @@ class ModelOps:
         await self.ranks.call(api.load_model, (self.spec,), what="load_model")
         await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
         self.telemetry.plan_changed()
+        if self.quantization is not None:  # the ranks rebuilt it in full precision
+            await self.ranks.call(api.quantize, (self.quantization,), what="quantize")

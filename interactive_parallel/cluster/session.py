@@ -10,12 +10,14 @@ that only drives ranks stays light, and the panel is `interactive_parallel.panel
 """
 from __future__ import annotations
 
+import asyncio
 import atexit
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
-from ..records import FaultSpec, RecordList, StepRecord, TokenRecord, VerifyReport
+from ..records import (DecodeStep, FaultSpec, RecordList, RequestRecord, ServeResult, StepRecord, TokenRecord,
+                       VerifyReport)
 from .errors import SessionError
 from .model_ops import ModelOps
 from .pool import AttachedPool, LocalPool, Pool
@@ -95,6 +97,8 @@ class Session:
     spec = property(lambda self: self.model.spec, doc="The loaded model's ModelSpec (None: none loaded).")
     plan = property(lambda self: self.model.plan, doc="The applied Plan (None: none applied).")
     debug = property(lambda self: self.model.debug, doc="Collective debug mode on (set_debug).")
+    quantization = property(lambda self: self.model.quantization,
+                            doc="The torchao scheme the model runs quantized with (None: full precision).")
     history = property(lambda self: self.telemetry.history, doc="Every StepRecord so far, in order.")
     timeout = property(lambda self: self.ranks.timeout, doc="Seconds a remote call may take.")
     collective_timeout = property(lambda self: self.ranks.collective_timeout,
@@ -176,9 +180,10 @@ class Session:
         """The plan as this session would run it, or PlanError listing every problem."""
         return self.model.check_plan(plan)
 
-    async def apply_async(self, plan: Plan) -> Plan:
-        """Lay the model out under `plan` on the live ranks; the weights carry over."""
-        return await self.model.apply(plan)
+    async def apply_async(self, plan: Plan, *, keep_quantization: bool = False) -> Plan:
+        """Lay the model out under `plan` on the live ranks; the weights carry over, in full
+        precision (a quantized model is quantized again under the new plan with keep_quantization)."""
+        return await self.model.apply(plan, keep_quantization)
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
@@ -195,7 +200,7 @@ class Session:
                                       grad_accum=grad_accum, lr=lr, precision=precision)
 
     def interrupt(self) -> None:
-        """Stop a running train() or generate() at the ranks' next boundary (safe from any thread)."""
+        """Stop a running train(), generate() or serve() at the ranks' next boundary (safe from any thread)."""
         self.model.interrupt()
 
     async def generate_async(self, prompts: str | Sequence[str], max_new_tokens: int = 16, *,
@@ -207,6 +212,60 @@ class Session:
         return await self.model.generate(prompts, max_new_tokens, do_sample=do_sample, temperature=temperature,
                                          top_k=top_k, seed=seed, on_token=on_token)
 
+    async def serve_async(self, requests: Any, *, engine: str = "auto", policy: str = "continuous",
+                          max_batch: int = 8, kv_tokens: int | None = None,
+                          on_token: Callable[[TokenRecord], None] | None = None,
+                          on_request: Callable[[RequestRecord], None] | None = None,
+                          on_step: Callable[[DecodeStep], None] | None = None) -> ServeResult:
+        """Serve `requests` (Request objects, dicts of their fields, or prompt strings) with
+        continuous batching in one call to the ranks: each arrives at its `arrival` second, joins
+        the running batch at the next step while fewer than `max_batch` run and the KV cache they
+        will need fits in `kv_tokens` (token slots per rank; None: no limit), and leaves when it
+        ends (end of sequence, max_new_tokens, a stop string). policy='static' forms a batch only
+        when the previous one has finished. engine: 'transformers' (its ContinuousBatchingManager),
+        'ours' (this package's scheduler over transformers' caches, under any plan) or 'auto'
+        (transformers' where it runs, see ServeResult.reason). Data-parallel replicas share the
+        requests out. Tokens, finished requests and steps reach the callbacks as they happen;
+        the ServeResult holds every request's record and every rank's steps."""
+        return await self.model.serve(requests, engine=engine, policy=policy, max_batch=max_batch,
+                                      kv_tokens=kv_tokens, on_token=on_token, on_request=on_request, on_step=on_step)
+
+    async def serve_stream(self, requests: Any, **options: Any) -> AsyncIterator[TokenRecord | ServeResult]:
+        """serve_async as an async iterator: each TokenRecord as the ranks produce it, then the
+        ServeResult. `async for item in s.serve_stream(requests): ...`"""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        task = asyncio.ensure_future(self.serve_async(
+            requests, on_token=lambda rec: loop.call_soon_threadsafe(queue.put_nowait, rec), **options))
+        task.add_done_callback(lambda _t: loop.call_soon_threadsafe(queue.put_nowait, None))
+        while True:
+            item = await queue.get()
+            if item is None:
+                break
+            yield item
+        while not queue.empty():
+            item = queue.get_nowait()
+            if item is not None:
+                yield item
+        yield task.result()
+
+    async def quantize_async(self, scheme: str = "int8-weight-only") -> RecordList:
+        """Quantize the laid-out model's block linears with torchao ('int8-weight-only',
+        'int8-dynamic', 'int4-weight-only'); per rank, measured: parameter bytes before and
+        after, the full-precision bytes kept aside, greedy decoding tokens/s before and after
+        and the share of greedy tokens unchanged. Refused (naming the plan) where the layout
+        cannot hold it. Training, verify and save refuse a quantized model; apply and load
+        return to full precision (keep_quantization=True quantizes again)."""
+        return await self.model.quantize(scheme)
+
+    async def dequantize_async(self) -> None:
+        """Put the full-precision weights back (exactly those quantize kept)."""
+        await self.model.dequantize()
+
+    def decoding(self) -> RecordList:
+        """Every rank's DecodeSteps of the latest generate or serve call (no remote call)."""
+        return self.telemetry.decoding
+
     async def verify_async(self) -> VerifyReport:
         """Loss and per-parameter gradient differences against one process holding the whole
         model, on the current weights and the current step's batch (no optimizer step)."""
@@ -216,9 +275,10 @@ class Session:
         """Write the model (each rank its own shards) with torch.distributed.checkpoint."""
         return await self.model.save(path)
 
-    async def load_async(self, path: str) -> str:
-        """Load weights saved under any plan into the current layout (resharded on load)."""
-        return await self.model.load(path)
+    async def load_async(self, path: str, *, keep_quantization: bool = False) -> str:
+        """Load weights saved under any plan into the current layout (resharded on load), in full
+        precision (keep_quantization=True quantizes them again with the current scheme)."""
+        return await self.model.load(path, keep_quantization)
 
     def export_script(self, path: str, steps: int = 10) -> str:
         """Write a standalone `torchrun --nproc_per_node N` script that rebuilds this model,

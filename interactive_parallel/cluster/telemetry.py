@@ -3,13 +3,16 @@
 Owns keeping records: `history` holds every step's StepRecords (their numbers), the last
 TELEMETRY_STEPS steps keep what the probes measured with them (memory, comms, compute
 intervals; older steps drop those, which would otherwise grow without bound), and the
-layout of the applied plan once fetched. Answers memory(), comms(), timeline() and the
-loss history with no remote call, so views refresh while the ranks are training.
+layout of the applied plan once fetched, and the latest inference call's records (its
+decoding steps, a serving call's requests, the last quantization). Answers memory(),
+comms(), timeline() and the loss history with no remote call, so views refresh while the
+ranks are training.
 
 Times: every rank stamps its records with its own host's clock. Each step is kept as it
 arrived, with the clock offsets in force then (the rank set measures them); comms() and
 timeline() hand out copies moved onto the client's clock, so ranks on different hosts line
-up in one timeline, and raw=True gives the times as the ranks wrote them. Knows nothing of
+up in one timeline, and raw=True gives the times as the ranks wrote them. Inference records
+(tokens, decoding steps) are moved onto the client's clock as they arrive. Knows nothing of
 how records are measured (runtime/probes), how they travel, how offsets are measured, or of
 models.
 """
@@ -20,15 +23,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from ..records import CommRecord, MemoryRecord, PipelineEvent, RecordList, ShardRecord, StepRecord, TokenRecord
+from ..records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, RecordList,
+                       ServeResult, ShardRecord, StepRecord, TokenRecord)
 
-T = TypeVar("T", CommRecord, PipelineEvent, TokenRecord)
+T = TypeVar("T", CommRecord, PipelineEvent, TokenRecord, DecodeStep)
 
 TELEMETRY_STEPS = 20
 STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
 MEMORY_COLUMNS = ("rank", "step", "params", "grads", "optimizer", "activations", "rss")
 COMM_COLUMNS = ("rank", "step", "op", "bytes", "dtype", "axis", "group", "peer", "start", "end")
 SHARD_COLUMNS = ("param", "rank", "stage", "coords", "placements", "global_shape", "local_shape", "index")
+DECODE_COLUMNS = ("rank", "step", "phase", "time_s", "comm_s", "tokens", "running", "waiting", "kv_bytes", "engine")
+QUANTIZE_COLUMNS = ("rank", "scheme", "plan", "linears", "params_before", "params_after", "kept_bytes",
+                    "tokens_per_s_before", "tokens_per_s_after", "agreement")
 
 
 @dataclass
@@ -43,6 +50,12 @@ class Telemetry:
     """ShardRecords of the applied plan (None: not fetched since it was applied)."""
     clock: Callable[[], dict[int, float]] = dict
     """Rank -> seconds its clock is ahead of the client's, as measured now."""
+    decoding: RecordList = field(default_factory=lambda: RecordList(columns=DECODE_COLUMNS))
+    """Every rank's DecodeSteps of the latest generate or serve call."""
+    served: ServeResult | None = None
+    """The latest serving call."""
+    quantization: RecordList = field(default_factory=lambda: RecordList(columns=QUANTIZE_COLUMNS))
+    """Per rank, the latest quantization (empty: the model runs in full precision)."""
 
     def add_step(self, records: list[StepRecord]) -> None:
         """Every rank's record of one step."""
@@ -56,6 +69,8 @@ class Telemetry:
             return rec
         if isinstance(rec, TokenRecord):
             return dataclasses.replace(rec, time=rec.time - off)
+        if isinstance(rec, DecodeStep):
+            return dataclasses.replace(rec, start=rec.start - off)
         return dataclasses.replace(rec, start=rec.start - off, end=rec.end - off if rec.end else rec.end)
 
     def plan_changed(self) -> None:
@@ -89,7 +104,19 @@ class Telemetry:
         out += [r.memory for r in self._latest(1) if isinstance(r.memory, MemoryRecord)]
         out += self._timed(1, False, comms=True, events=True)
         out += list(self.shards or [])
+        out += list(self.decoding) + list(self.quantization)
+        out += [self.served] if self.served is not None else []
         return out
+
+    def keep_decoding(self, steps: list[DecodeStep]) -> None:
+        self.decoding = RecordList(sorted(steps, key=lambda r: (r.step, r.rank)), columns=DECODE_COLUMNS)
+
+    def keep_served(self, result: ServeResult) -> None:
+        self.served = result
+        self.keep_decoding(result.steps)
+
+    def keep_quantization(self, records: list[QuantizeRecord]) -> None:
+        self.quantization = RecordList(records, columns=QUANTIZE_COLUMNS)
 
     def keep_layout(self, shards: list[ShardRecord]) -> RecordList:
         self.shards = RecordList(shards, columns=SHARD_COLUMNS)

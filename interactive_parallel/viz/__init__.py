@@ -1,14 +1,17 @@
 """Pure functions from records to plotly Figures, and an HTML report of them.
 
-Owns how training, memory, communication, pipeline and sharding records are drawn. Knows nothing
+Owns how training, memory, communication, pipeline, sharding and inference (decoding steps,
+served requests, quantization) records are drawn. Knows nothing
 of torch, ipyparallel or ipywidgets: it is testable without a kernel, and the widgets and the CLI
 call it with whatever records they hold. Every figure has an empty state ("no data yet: train a step").
 """
 from ._common import EMPTY_TEXT, human_bytes
 from .comms import comm_breakdown, comm_breakdown_figure, comm_matrix, comm_matrix_figure
+from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
 from .memory import memory_figure
 from .pipeline import bubble_fractions, pipeline_figure
 from .report import figures_from_records, write_report
+from .serving import latency_figure, request_phases, request_timeline_figure
 from .sharding import layout_table, shard_regions, sharding_figure
 from .timeline import timeline_figure
 from .training import loss_figure, throughput_figure
@@ -17,4 +20,6 @@ __all__ = [
     "EMPTY_TEXT", "human_bytes", "loss_figure", "throughput_figure", "memory_figure", "comm_matrix", "comm_matrix_figure",
     "comm_breakdown", "comm_breakdown_figure", "timeline_figure", "pipeline_figure", "bubble_fractions",
     "sharding_figure", "layout_table", "shard_regions", "write_report", "figures_from_records",
+    "tokens_per_step_figure", "kv_memory_figure", "step_split_figure", "quantization_figure",
+    "request_timeline_figure", "latency_figure", "request_phases",
 ]

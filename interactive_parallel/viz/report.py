@@ -15,10 +15,13 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ..records import CommRecord, MemoryRecord, PipelineEvent, Record, ShardRecord, StepRecord
+from ..records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, Record, ServeResult,
+                       ShardRecord, StepRecord)
 from .comms import comm_breakdown_figure, comm_matrix_figure
+from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
 from .memory import memory_figure
 from .pipeline import pipeline_figure
+from .serving import latency_figure, request_timeline_figure
 from .sharding import sharding_figure
 from .timeline import is_timed, timeline_figure
 from .training import loss_figure, throughput_figure
@@ -82,8 +85,9 @@ def _sharding_params(shards: list[ShardRecord]) -> list[str]:
 
 def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figure]:
     """Every figure the records have data for, keyed for `write_report`: loss, throughput, memory,
-    comm_matrix, comm_breakdown, timeline and pipeline (the latest step), and sharding-<param> for one param of each
-    distinct layout. Records of other kinds (RankInfo) are ignored."""
+    comm_matrix, comm_breakdown, timeline and pipeline (the latest step), sharding-<param> for one param of each
+    distinct layout, and for inference: tokens_per_step, kv_memory, step_split (DecodeSteps), requests and
+    latency (a ServeResult's requests), quantization. Records of other kinds (RankInfo) are ignored."""
     by_kind: dict[type, list[Record]] = {}
     for rec in records or ():
         if not isinstance(rec, Record):
@@ -108,4 +112,15 @@ def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figur
         figs["pipeline"] = pipeline_figure(events)
     for param in _sharding_params(shards):
         figs[_section_key(param)] = sharding_figure(shards, param)
+    decoding = by_kind.get(DecodeStep, [])
+    if decoding:
+        figs["tokens_per_step"] = tokens_per_step_figure(decoding)
+        figs["kv_memory"] = kv_memory_figure(decoding)
+        figs["step_split"] = step_split_figure(decoding)
+    served = [r for result in by_kind.get(ServeResult, []) for r in result.requests]
+    if served:
+        figs["requests"] = request_timeline_figure(served)
+        figs["latency"] = latency_figure(served)
+    if by_kind.get(QuantizeRecord):
+        figs["quantization"] = quantization_figure(by_kind[QuantizeRecord])
     return figs
