@@ -44,6 +44,8 @@ def reference(preset: str, fields: dict, steps: int) -> dict:
 
 
 PROMPTS = ["12+35=", "7+8=", "99+1="]
+PADDED_PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5=", "3="]
+"""Prompts of different lengths: the batch is left-padded."""
 
 
 def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
@@ -63,19 +65,81 @@ def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
         timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups]
         raw = par.raw
         sp_norm = type(raw.get_submodule("model.layers.0.input_layernorm").weight).__name__
-        label = Plan(**fields).describe() + ("-sp" if fields.get("sequence_parallel") else "")
-        label += "-interleaved" if fields.get("pp_schedule") == "interleaved-1f1b" else ""
-        out[label] = {
-            "greedy": greedy, "sampled": sampled, "norm_type": sp_norm, "timeouts": timeouts}
+        out[_label(fields)] = {"greedy": greedy.texts, "sampled": sampled.texts, "norm_type": sp_norm,
+                               "timeouts": timeouts, "steps": greedy.steps}
     return out
 
 
-def reference_generate(max_new_tokens: int) -> list[str]:
-    from interactive_parallel.runtime.generate import generate
-    from interactive_parallel.runtime.parallelize import parallelize
+def _label(fields: dict) -> str:
+    label = Plan(**fields).describe() + ("-sp" if fields.get("sequence_parallel") else "")
+    return label + ("-interleaved" if fields.get("pp_schedule") == "interleaved-1f1b" else "")
 
-    par = parallelize(PRESETS["tiny-llama"], Plan())
-    return generate(par, PROMPTS, max_new_tokens)
+
+def oracle_group(rank: int, model_dirs: dict[str, str], plans: list[dict], max_new_tokens: int) -> dict:
+    """{(family dir name, plan label): greedy completions of PADDED_PROMPTS, merged over replicas}
+    for a model read from each local directory, under each plan."""
+    import torch.distributed as dist
+
+    from interactive_parallel.plan import resolve_model
+    from interactive_parallel.runtime import api
+
+    out = {}
+    for name, path in model_dirs.items():
+        api.load_model(resolve_model(path))
+        for fields in plans:
+            api.apply_plan(Plan(**fields))
+            texts = api.generate(PADDED_PROMPTS, max_new_tokens, {}).texts
+            parts: list = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, texts)
+            merged = {i: t for part in parts for i, t in part.items()}
+            out[(name, _label(fields))] = [merged[i] for i in range(len(PADDED_PROMPTS))]
+    return out if rank == 0 else {}
+
+
+def spiky_model_dir(preset: str, path: str) -> str:
+    """A model of `preset` with large random weights written to `path` (save_pretrained): its
+    greedy tokens vary from position to position, unlike a freshly initialised model's
+    (GPT-2's init repeats one token), so comparing completions says something."""
+    import torch
+
+    from interactive_parallel.runtime.models import build_model
+
+    model = build_model(PRESETS[preset])
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(path)
+    return path
+
+
+def hf_generate(model, prompts: list[str], max_new_tokens: int) -> list[str]:
+    """The oracle: transformers' own `generate` (greedy, its own KV cache) on a one-process
+    model, the vocabulary's padding rows suppressed as runtime.generate does."""
+    from interactive_parallel.runtime.generate import decode_new, encode
+    from interactive_parallel.runtime.tokenizer import get_tokenizer
+
+    tok = get_tokenizer()
+    ids, mask = encode(prompts, "cpu")
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                         suppress_tokens=list(range(len(tok), model.config.vocab_size)),
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return decode_new(out[:, ids.shape[1]:])
+
+
+def hf_generate_dir(path: str, prompts: list[str], max_new_tokens: int) -> list[str]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    return hf_generate(model, prompts, max_new_tokens)
+
+
+def reference_generate(max_new_tokens: int) -> list[str]:
+    """transformers' generate on the seeded tiny-llama (the weights every plan starts from)."""
+    from interactive_parallel.runtime.models import build_model
+
+    return hf_generate(build_model(PRESETS["tiny-llama"]).eval(), PROMPTS, max_new_tokens)
 
 
 def _logits(ids):

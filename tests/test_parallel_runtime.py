@@ -1,7 +1,11 @@
 """Multi-rank runtime features beyond training parity: generation, hot re-plan, checkpoints, verify.
 
-Generation: greedy completions under tp=2, pp=2 (and tp=2 with sequence parallel) equal
-the single-process model's, and every rank returns the same completions (sampled too).
+Generation (KV-cached): greedy completions under every plan and combination equal
+transformers' own `model.generate` on a one-process copy of the same weights (both
+families, a left-padded batch of prompts of different lengths), and every rank returns the
+same completions (sampled too). Each TP rank caches its own heads and each pipeline stage
+its own layers (the KV bytes each rank reports say so); decoding steps under TP and PP
+carry their communication from the comm ledger.
 Hot re-plan: logits before and after moving dp2xtp2 -> pp2xtp2 match (LOGIT_TOL).
 Checkpoint: saved under tp2xdp2, loaded under pp2xdp2 after the weights were changed,
 the logits are those at save time (LOGIT_TOL). api.verify() reports ok under both plans,
@@ -30,7 +34,7 @@ def generated():
     return run_ranks(W.generate_group, 2, GEN_PLANS, NEW_TOKENS, collective_timeout_s=COLLECTIVE_TIMEOUT_S)
 
 
-def test_generation_matches_single_process(generated):
+def test_generation_matches_transformers_generate(generated):
     ref = W.reference_generate(NEW_TOKENS)
     for label in ("tp2", "pp2", "tp2-sp"):
         for rank, per_rank in enumerate(generated):
@@ -71,6 +75,58 @@ def test_mesh_sub_groups_inherit_the_collective_timeout(generated):
 def test_sequence_parallel_shards_the_norms(generated):
     assert generated[0]["tp2-sp"]["norm_type"] == "DTensor"
     assert generated[0]["tp2"]["norm_type"] == "Parameter"
+
+
+def test_each_rank_caches_its_own_heads_or_layers(generated):
+    """KV bytes after the last step: TP halves the heads, PP the layers, CP keeps the whole
+    sequence on every rank (its prompt forward ran split, the cache holds what it gathered)."""
+    last = {label: per_rank["steps"][-1].kv_bytes for label, per_rank in generated[0].items()}
+    assert last["tp2"] > 0 and last["tp2"] == last["pp2"] == last["tp2-sp"], last
+    assert last["cp2"] == 2 * last["tp2"], last
+
+
+def test_decoding_steps_carry_their_communication(generated):
+    for label in ("tp2", "pp2"):
+        steps = generated[0][label]["steps"]
+        assert [s.step for s in steps] == list(range(NEW_TOKENS)) and steps[0].phase == "prefill"
+        assert all(s.comm_ops > 0 and 0 < s.comm_s <= s.time_s for s in steps), label
+
+
+ORACLE_PLANS_2 = [dict(dp=2), dict(fsdp=2), dict(tp=2), dict(tp=2, sequence_parallel=True),
+                  dict(pp=2, microbatches=2), dict(pp=2, pp_schedule="interleaved-1f1b", microbatches=2), dict(cp=2)]
+ORACLE_PLANS_4 = [dict(dp=2, tp=2), dict(pp=2, dp=2), dict(pp=2, tp=2, microbatches=2), dict(cp=2, tp=2),
+                  dict(fsdp=2, tp=2, sequence_parallel=True), dict(dp=2, cp=2)]
+ORACLE_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models")
+    return {preset: W.spiky_model_dir(preset, str(base / preset)) for preset in ("tiny-llama", "tiny-gpt2")}
+
+
+@pytest.fixture(scope="module")
+def oracle(model_dirs):
+    return {name: W.hf_generate_dir(path, W.PADDED_PROMPTS, ORACLE_TOKENS) for name, path in model_dirs.items()}
+
+
+def _check_oracle(got: dict, oracle: dict) -> None:
+    wrong = {key: texts for key, texts in got.items() if texts != oracle[key[0]]}
+    assert got and not wrong, f"differ from transformers' generate {oracle}: {wrong}"
+
+
+def test_cached_generation_equals_transformers_generate_on_2_ranks(model_dirs, oracle):
+    got = run_ranks(W.oracle_group, 2, model_dirs, ORACLE_PLANS_2, ORACLE_TOKENS,
+                    collective_timeout_s=COLLECTIVE_TIMEOUT_S)[0]
+    assert len(got) == 2 * len(ORACLE_PLANS_2)
+    _check_oracle(got, oracle)
+
+
+def test_cached_generation_equals_transformers_generate_in_combinations(model_dirs, oracle):
+    got = run_ranks(W.oracle_group, 4, model_dirs, ORACLE_PLANS_4, ORACLE_TOKENS,
+                    collective_timeout_s=COLLECTIVE_TIMEOUT_S)[0]
+    assert len(got) == 2 * len(ORACLE_PLANS_4)
+    _check_oracle(got, oracle)
 
 
 SCENARIOS = [("tiny-llama", dict(dp=2, tp=2), dict(pp=2, tp=2), dict(pp=2, dp=2)),
