@@ -325,8 +325,9 @@ class ServeResult(Record):
         head = (f"serve ({self.engine}, {self.policy}, plan {self.plan}): {len(self.requests)} requests, "
                 f"{self.tokens} tokens in {self.wall_s:.2f} s ({self.tokens_per_s:.0f} tokens/s), "
                 f"{self.n_steps} steps, mean time to first token {self.mean_ttft:.3f} s")
-        return head + "\n" + table(self.requests, ("id", "arrival", "admitted", "first_token", "finished",
-                                                    "tokens", "finish_reason", "text"))
+        shown = [dataclasses.replace(r, text=repr(r.text)) for r in self.requests]  # newlines stay on one row
+        return head + "\n" + table(shown, ("id", "arrival", "admitted", "first_token", "finished", "tokens",
+                                            "finish_reason", "text"))
 
     def _repr_pretty_(self, p, cycle):
         p.text(str(self))

@@ -8,7 +8,7 @@ rest. Knows nothing of how steps are run or measured, nor of torch, ipyparallel 
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -23,23 +23,29 @@ def _steps(steps: Iterable[DecodeStep] | None) -> list[DecodeStep]:
     return sorted(records_of(steps, DecodeStep), key=lambda s: (s.rank, s.step))
 
 
-def tokens_per_step_figure(steps: Iterable[DecodeStep] | None, title: str = "Tokens per decoding step") -> go.Figure:
-    """Per rank: tokens produced at each step (bars), the running rows and the waiting requests
-    (lines); a continuous batch keeps the bars high, a static one lets them fall."""
-    recs = _steps(steps)
-    if not recs:
+def tokens_per_step_figure(steps: Iterable[DecodeStep] | Mapping[str, Iterable[DecodeStep]] | None,
+                           title: str = "Tokens per decoding step") -> go.Figure:
+    """Tokens produced at each step (bars) and the requests waiting (dotted lines): a trace per
+    rank, or, given {label: steps} (e.g. a continuous and a static run), a trace per label drawn
+    from its lowest rank. A continuous batch keeps the bars high, a static one lets them fall."""
+    if isinstance(steps, Mapping):
+        runs = {label: [s for s in _steps(recs) if s.rank == min(r.rank for r in _steps(recs))]
+                for label, recs in steps.items()}
+    else:
+        recs = _steps(steps)
+        runs = {f"rank {rank}": [s for s in recs if s.rank == rank] for rank in sorted({s.rank for s in recs})}
+    runs = {label: mine for label, mine in runs.items() if mine}
+    if not runs:
         return empty_figure(title, "step", "tokens", text=EMPTY)
     fig = go.Figure()
-    for rank in sorted({s.rank for s in recs}):
-        mine = [s for s in recs if s.rank == rank]
+    for k, (label, mine) in enumerate(runs.items()):
         x = [s.step for s in mine]
-        fig.add_trace(go.Bar(name=f"rank {rank} tokens", x=x, y=[s.tokens for s in mine],
-                             marker_color=rank_color(rank), legendgroup=f"r{rank}",
-                             customdata=[s.phase for s in mine],
-                             hovertemplate="step %{x}: %{y} tokens (%{customdata})<extra>rank " + str(rank) + "</extra>"))
+        fig.add_trace(go.Bar(name=f"{label} tokens", x=x, y=[s.tokens for s in mine], marker_color=rank_color(k),
+                             legendgroup=label, customdata=[s.phase for s in mine],
+                             hovertemplate="step %{x}: %{y} tokens (%{customdata})<extra>" + label + "</extra>"))
         if any(s.waiting for s in mine):
-            fig.add_trace(go.Scatter(name=f"rank {rank} waiting", x=x, y=[s.waiting for s in mine], mode="lines",
-                                     line=dict(color=rank_color(rank), dash="dot"), legendgroup=f"r{rank}"))
+            fig.add_trace(go.Scatter(name=f"{label} waiting", x=x, y=[s.waiting for s in mine], mode="lines",
+                                     line=dict(color=rank_color(k), dash="dot"), legendgroup=label))
     return styled(fig, title, "step", "tokens", barmode="group")
 
 
