@@ -123,7 +123,6 @@ class Server:
         self.batch = Batch()
         self.records: dict[int, RequestRecord] = {}
         self.steps: list[DecodeStep] = []
-        self.tok = get_tokenizer()
         self.t0 = time.perf_counter()
         self.window_s = 0.0
         self.kv_budget = (kv_tokens or 0) * kv_bytes_per_token(par)
@@ -146,12 +145,8 @@ class Server:
             step += 1
         self.window_s = self.elapsed()
         for i in self.waiting:  # never admitted: the ranks agreed to stop first
-            req = self.requests[i]
-            self.records[i] = RequestRecord(id=req.id, rank=self.rank, prompt=req.prompt, arrival=req.arrival,
-                                            engine="ours")
-        for rec in self.records.values():
-            if rec.finished < 0:
-                rec.finish_reason = "interrupted"
+            self.records[i] = new_record(self.requests[i], self.rank, "ours")
+        close_records(self.records.values())
         return [self.records[i] for i in sorted(self.records)] if self.leader else []
 
     def elapsed(self) -> float:
@@ -219,9 +214,8 @@ class Server:
 
     def start(self, index: int, now: float) -> Running:
         req = self.requests[index]
-        rec = RequestRecord(id=req.id, rank=self.rank, prompt=req.prompt, arrival=req.arrival, admitted=now,
-                            engine="ours")
-        self.records[index] = rec
+        rec = self.records[index] = new_record(req, self.rank, "ours")
+        rec.admitted = now
         gen = torch.Generator(device=self.par.device).manual_seed(req.seed) if req.do_sample else None
         return Running(index=index, req=req, record=rec, generator=gen)
 
@@ -242,17 +236,7 @@ class Server:
             rec, req = r.record, r.req
             if len(r.tokens) == 1:
                 rec.first_token = now
-            piece = "" if token == self.tok.eos_token_id else self.tok.decode([token], skip_special_tokens=True)
-            rec.text += piece
-            rec.tokens = len(r.tokens)
-            hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]
-            if token == self.tok.eos_token_id:
-                rec.finish_reason = "eos"
-            elif hit:
-                at, s = min(hit)
-                rec.text, rec.finish_reason = rec.text[:at + len(s)], "stop"
-            elif len(r.tokens) >= req.max_new_tokens:
-                rec.finish_reason = "length"
+            piece = add_token(rec, req, token)
             if rec.finish_reason:
                 rec.finished = now
                 done.add(r.index)
@@ -262,6 +246,36 @@ class Server:
                 if rec.finish_reason:
                     channel.emit(rec)
         return done
+
+
+def new_record(req: Request, rank: int, engine: str) -> RequestRecord:
+    return RequestRecord(id=req.id, rank=rank, prompt=req.prompt, arrival=req.arrival, engine=engine)
+
+
+def add_token(rec: RequestRecord, req: Request, token: int) -> str:
+    """Fold one new token into the request's record (its text, count and, once it ends, why:
+    end of sequence, a stop string, which is kept and ends the text, or max_new_tokens); the
+    text the token added."""
+    tok = get_tokenizer()
+    piece = "" if token == tok.eos_token_id else tok.decode([token], skip_special_tokens=True)
+    rec.text += piece
+    rec.tokens += 1
+    hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]
+    if token == tok.eos_token_id:
+        rec.finish_reason = "eos"
+    elif hit:
+        at, stop = min(hit)
+        rec.text, rec.finish_reason = rec.text[:at + len(stop)], "stop"
+    elif rec.tokens >= req.max_new_tokens:
+        rec.finish_reason = "length"
+    return piece
+
+
+def close_records(records) -> None:
+    """Requests that had not finished when the call ended were interrupted."""
+    for rec in records:
+        if rec.finished < 0:
+            rec.finish_reason = "interrupted"
 
 
 def agree(par: Parallelized, elapsed: float, busy: bool) -> tuple[bool, float, bool]:

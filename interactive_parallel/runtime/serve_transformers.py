@@ -22,6 +22,7 @@ from ..records import DecodeStep, Request, RequestRecord, TokenRecord
 from . import channel
 from .decode import measured
 from .parallelized import Parallelized
+from .serve import add_token, close_records, new_record
 from .tokenizer import get_tokenizer
 
 PAGE = 16
@@ -108,8 +109,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
             now = time.perf_counter() - t0
             while pending and requests[pending[0]].arrival <= now:
                 req = requests[pending.popleft()]
-                records[req.id] = RequestRecord(id=req.id, rank=rank, prompt=req.prompt, arrival=req.arrival,
-                                                engine="transformers")
+                records[req.id] = new_record(req, rank, "transformers")
                 manager.add_request(tok(req.prompt, add_special_tokens=False)["input_ids"], request_id=req.id,
                                     max_new_tokens=req.max_new_tokens, streaming=True, record_timestamps=True)
             out = manager.get_result(timeout=POLL_S)
@@ -121,10 +121,8 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
                 continue
             if out.request_id not in open_ids:
                 continue  # a cancelled request's last words
-            rec = records.setdefault(out.request_id, RequestRecord(
-                id=out.request_id, rank=rank, prompt=requests[by_id[out.request_id]].prompt,
-                arrival=requests[by_id[out.request_id]].arrival, engine="transformers"))
-            if _update(rec, out, requests[by_id[out.request_id]], t0, tok, rank, by_id, leader):
+            rec = records.setdefault(out.request_id, new_record(requests[by_id[out.request_id]], rank, "transformers"))
+            if _update(rec, out, requests[by_id[out.request_id]], t0, rank, by_id, leader):
                 open_ids.discard(out.request_id)
                 if rec.finish_reason == "stop":
                     manager.cancel_request(out.request_id)
@@ -135,12 +133,8 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
         probe.remove()
         _drain(probe, kept)
     for i in mine:  # never added: the call was stopped first
-        req = requests[i]
-        records.setdefault(req.id, RequestRecord(id=req.id, rank=rank, prompt=req.prompt, arrival=req.arrival,
-                                                 engine="transformers"))
-    for rec in records.values():
-        if rec.finished < 0:
-            rec.finish_reason = "interrupted"
+        records.setdefault(requests[i].id, new_record(requests[i], rank, "transformers"))
+    close_records(records.values())
     return ([records[requests[i].id] for i in mine] if leader else []), kept, window
 
 
@@ -151,7 +145,7 @@ def _drain(probe: _StepProbe, kept: list) -> None:
             kept.append(step)
 
 
-def _update(rec: RequestRecord, out, req: Request, t0: float, tok, rank: int, by_id: dict, leader: bool) -> bool:
+def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: dict, leader: bool) -> bool:
     """Fold one streamed output into the request's record; True when the request is finished."""
     tokens = list(out.generated_tokens)
     new = tokens[rec.tokens:]
@@ -159,19 +153,9 @@ def _update(rec: RequestRecord, out, req: Request, t0: float, tok, rank: int, by
         rec.admitted = out.lifespan[0] - t0
     if out.timestamps and rec.first_token < 0:
         rec.first_token = out.timestamps[0] - t0
-    pieces = ["" if t == tok.eos_token_id else tok.decode([t], skip_special_tokens=True) for t in new]
     finished = False
-    for t, piece in zip(new, pieces):
-        rec.tokens += 1
-        rec.text += piece
-        hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]
-        if t == tok.eos_token_id:
-            rec.finish_reason = "eos"
-        elif hit:
-            at, s = min(hit)
-            rec.text, rec.finish_reason = rec.text[:at + len(s)], "stop"
-        elif rec.tokens >= req.max_new_tokens:
-            rec.finish_reason = "length"
+    for t in new:
+        piece = add_token(rec, req, t)
         finished = bool(rec.finish_reason)
         if finished:
             stamp = out.timestamps[rec.tokens - 1] if out.timestamps and len(out.timestamps) >= rec.tokens else \
