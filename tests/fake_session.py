@@ -19,7 +19,9 @@ from interactive_parallel.cluster.errors import RankError, SessionError
 from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
 from interactive_parallel.plan import ModelSpec, Plan, PlanError, check, resolve_model
 from interactive_parallel.plan.estimate import predict_memory
-from interactive_parallel.records import (CommRecord, MemoryRecord, ParamDiff, PipelineEvent, RankInfo, RecordList,
+from interactive_parallel.plan.inference import quantization_problems, request_problems, serving_engine
+from interactive_parallel.records import (CommRecord, DecodeStep, MemoryRecord, ParamDiff, PipelineEvent,
+                                          QuantizeRecord, RankInfo, RecordList, Request, RequestRecord, ServeResult,
                                           ShardRecord, StepRecord, TokenRecord, VerifyReport)
 
 WORLD = 4
@@ -28,7 +30,8 @@ PARAMS = (("lm_head.weight", [128, 64]), ("model.embed_tokens.weight", [128, 64]
 ELEMENTS: dict[str, tuple[type, ...]] = {
     "train_async": (StepRecord,), "generate_async": (str,), "doctor": (RankInfo,), "memory": (MemoryRecord,),
     "comms": (CommRecord,), "timeline": (CommRecord, PipelineEvent), "layout": (ShardRecord,),
-    "predict_memory": (MemoryRecord,),
+    "predict_memory": (MemoryRecord,), "quantize": (QuantizeRecord,), "decoding": (DecodeStep,),
+    "quantized": (QuantizeRecord,),
 }
 """The record types each list-returning method holds: checked on this fake and on a live Session."""
 
@@ -67,11 +70,13 @@ class FakeSession:
         self._spec = resolve_model(model)
         return self._spec
 
-    def apply(self, plan: Plan) -> Plan:
+    def apply(self, plan: Plan, *, keep_quantization: bool = False) -> Plan:
         self.calls.append(("apply", plan))
         self.check_plan(plan)
         self._require_model()
         self._plan = plan
+        if not keep_quantization:
+            self._telemetry.keep_quantization([])
         return plan
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
@@ -141,6 +146,75 @@ class FakeSession:
                                          done=position == max_new_tokens - 1, time=time.time()))
         return texts
 
+    async def serve_async(self, requests: Any, *, engine: str = "auto", policy: str = "continuous",
+                          max_batch: int = 8, kv_tokens: int | None = None,
+                          on_token: Callable[[TokenRecord], None] | None = None,
+                          on_request: Callable[[RequestRecord], None] | None = None,
+                          on_step: Callable[[DecodeStep], None] | None = None) -> ServeResult:
+        """Every request admitted on arrival; one token per running request per step (the prompt reversed)."""
+        reqs = [r if isinstance(r, Request) else Request(id=str(i), prompt=r) for i, r in enumerate(requests)]
+        self.calls.append(("serve", [r.id for r in reqs], dict(engine=engine, policy=policy, max_batch=max_batch)))
+        problems = request_problems(reqs, self._require_model(), max_batch=max_batch, kv_tokens=kv_tokens)
+        if problems:
+            raise ValueError("bad requests:\n  - " + "\n  - ".join(problems))
+        plan = self._plan or Plan(dp=self._world)
+        chosen, why = serving_engine(plan, self._spec, reqs, engine, policy)
+        self._stop.clear()
+        records = [RequestRecord(id=r.id, rank=0, prompt=r.prompt, arrival=r.arrival, admitted=r.arrival,
+                                 engine=chosen) for r in reqs]
+        steps = []
+        for step in range(max(r.max_new_tokens for r in reqs)):
+            if self._stop.is_set():
+                break
+            await asyncio.sleep(self._token_delay)
+            live = [(i, r) for i, r in enumerate(reqs) if step < r.max_new_tokens]
+            for i, r in live:
+                rec, piece = records[i], r.prompt[::-1][step % len(r.prompt)]
+                rec.text, rec.tokens = rec.text + piece, step + 1
+                rec.first_token = rec.first_token if step else r.arrival + 0.01
+                done = step + 1 == r.max_new_tokens
+                if done:
+                    rec.finished, rec.finish_reason = r.arrival + 0.01 * (step + 1), "length"
+                if on_token is not None:
+                    on_token(TokenRecord(rank=0, prompt=i, position=step, text=piece, done=done, time=time.time()))
+                if done and on_request is not None:
+                    on_request(rec)
+            steps += [DecodeStep(rank=rank, step=step, phase="decode", start=time.time(), time_s=0.01,
+                                 tokens=len(live), running=len(live), kv_bytes=1024 * (step + 1), engine=chosen)
+                      for rank in range(self._world)]
+        for rec in records:
+            rec.finish_reason = rec.finish_reason or "interrupted"
+        result = ServeResult(engine=chosen, reason=why, policy=policy, plan=plan.describe(), wall_s=0.01 * len(steps),
+                             requests=records, steps=steps)
+        self._telemetry.keep_served(result)
+        return result
+
+    def quantize(self, scheme: str = "int8-weight-only") -> RecordList:
+        self.calls.append(("quantize", scheme))
+        plan = self._require_layout()
+        problems = quantization_problems(plan, scheme, self._spec)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self._telemetry.keep_quantization([QuantizeRecord(
+            rank=r, scheme=scheme, plan=plan.describe(), linears=28, params_before=1_116_416, params_after=346_624,
+            kept_bytes=1_048_576, tokens_per_s_before=500.0, tokens_per_s_after=450.0, agreement=0.9)
+            for r in range(self._world)])
+        return self._telemetry.quantization
+
+    def dequantize(self) -> None:
+        self.calls.append(("dequantize",))
+        self._require_layout()
+        self._telemetry.keep_quantization([])
+
+    def decoding(self) -> RecordList:
+        return self._telemetry.decoding
+
+    def served(self) -> ServeResult | None:
+        return self._telemetry.served
+
+    def quantized(self) -> RecordList:
+        return self._telemetry.quantization
+
     # ---- looking at the model ----------------------------------------------------------------------
     def doctor(self) -> RecordList:
         self.calls.append(("doctor",))
@@ -189,7 +263,7 @@ class FakeSession:
         self._require_layout()
         return f"/abs/{path}"
 
-    def load(self, path: str) -> str:
+    def load(self, path: str, *, keep_quantization: bool = False) -> str:
         self.calls.append(("load", path))
         self._require_layout()
         return f"/abs/{path}"

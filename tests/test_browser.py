@@ -4,7 +4,8 @@ A notebook (written here, so it always matches the code) shows `interactive_para
 with no session. The browser then presses every button the way a workshop would: Start (2
 ranks), Doctor, Load (tiny-llama), Apply (pp=2, so every view has something to draw), Train,
 a longer Train stopped with Stop while the figures update, Generate, Verify, Save, Load,
-Export, opens every tab, and finally stops the ranks from the Cluster section. Each result is
+Export, Serve, Quantize and Full precision, opens every tab, and finally stops the ranks from
+the Cluster section. Each result is
 checked in the DOM, and the error area stays empty. Screenshots of the panel in JupyterLab's
 light and dark themes go to artifacts/panel-light.png and panel-dark.png (a failure's to
 artifacts/panel-failure.png). Helpers: tests/lab_harness.py.
@@ -46,6 +47,9 @@ TABS = {  # tab -> what its figures draw once the ranks trained under PLAN
     "communication": [".ip-comm-breakdown-figure .barlayer .trace", ".ip-timeline-figure .barlayer .trace"],
     "layout": [".ip-sharding-figure .scatterlayer .trace"],
     "pipeline": [".ip-pipeline-figure .barlayer .trace"],
+    "decoding": [".ip-tokens-per-step-figure .barlayer .trace", ".ip-kv-memory-figure .scatterlayer .trace"],
+    "requests": [".ip-request-timeline-figure .barlayer .trace"],
+    "quantization": [".ip-quantization-figure .barlayer .trace"],
 }
 SHOWN_LAST = "communication"
 """The tab open for the screenshots (the busiest page)."""
@@ -166,6 +170,17 @@ def test_every_button_of_the_panel_on_a_live_session():
                 expect(files).to_contain_text("loaded checkpoint", timeout=60_000)
                 click("ip-export-button")
                 expect(files).to_contain_text("wrote script", timeout=30_000)
+                set_int(panel, "ip-serve-count", 4)
+                click("ip-serve-button")
+                expect(status).to_contain_text("served 4 requests", timeout=60_000)
+                expect(panel.locator(".ip-serve-output")).to_contain_text("done (", timeout=10_000)
+                click("ip-quantize-button")
+                quantized = panel.locator(".ip-quantize-output")
+                expect(quantized).to_contain_text("int8-weight-only", timeout=60_000)
+                click("ip-dequantize-button")
+                expect(quantized).to_contain_text("full precision", timeout=60_000)
+                click("ip-quantize-button")  # left quantized, so the quantization tab has bars to draw
+                expect(quantized).to_contain_text("int8-weight-only", timeout=60_000)
                 no_error()
                 mark("every button")
 

@@ -108,3 +108,19 @@ def test_latency_tokens_kv_and_split_figures_come_from_records():
         viz.figures_from_records([result, *result.steps, *q]))
     assert result.tokens_per_s == 5.0 and result.n_steps == 3 and result.mean_ttft == pytest.approx(0.15)
     assert "r0" in str(result)
+
+
+def test_staggered_requests_arrive_in_turn_with_mixed_lengths():
+    from interactive_parallel.plan.inference import staggered_requests
+
+    reqs = staggered_requests(6, 0.1, 16, ["a=", "b="], do_sample=True, temperature=0.5)
+    assert [r.id for r in reqs] == [f"r{i}" for i in range(6)] and [r.prompt for r in reqs[:3]] == ["a=", "b=", "a="]
+    assert [r.arrival for r in reqs] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.5])
+    assert [r.max_new_tokens for r in reqs[:4]] == [4, 16, 8, 12] and {r.seed for r in reqs} == set(range(6))
+    assert all(r.do_sample and r.temperature == 0.5 for r in reqs) and request_problems(reqs, LLAMA) == []
+
+
+def test_tokens_per_step_compares_runs_by_label():
+    runs = {"continuous": _steps()[:3], "static": _steps()[3:]}
+    fig = viz.tokens_per_step_figure(runs)
+    assert [t.name for t in fig.data if t.type == "bar"] == ["continuous tokens", "static tokens"]

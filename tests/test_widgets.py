@@ -9,6 +9,7 @@ import html
 import inspect
 import re
 import time
+import types
 import typing
 from dataclasses import dataclass
 
@@ -108,18 +109,22 @@ def test_the_fake_returns_the_types_session_declares():
         "generate_async": asyncio.run(s.generate_async(["ab"], 3, on_token=tokens.append)),
         "memory": s.memory(), "comms": s.comms(), "timeline": s.timeline(), "layout": s.layout(),
         "predict_memory": s.predict_memory(), "save": s.save("c"), "load": s.load("c"),
-        "export_script": s.export_script("x.py"), "run": s.run(lambda: 1), "interrupt": s.interrupt(),
-        "stop": s.stop(),
+        "export_script": s.export_script("x.py"), "run": s.run(lambda: 1),
+        "serve_async": asyncio.run(s.serve_async(["ab", "cd"], on_token=tokens.append)),
+        "quantize": s.quantize("int8-weight-only"), "decoding": s.decoding(), "served": s.served(),
+        "quantized": s.quantized(), "dequantize": s.dequantize(), "interrupt": s.interrupt(), "stop": s.stop(),
     }
     assert set(values) == {n for n, v in vars(FakeSession).items() if not n.startswith("_") and callable(v)}
     for name, value in values.items():
         declared = typing.get_type_hints(getattr(Session, name))["return"]
+        if isinstance(declared, types.UnionType):  # X | None: any of its members
+            declared = tuple(typing.get_origin(t) or t for t in typing.get_args(declared))
         assert isinstance(value, typing.get_origin(declared) or declared or type(None)), (name, value)
         if name in ELEMENTS:
             assert value and all(isinstance(v, ELEMENTS[name]) for v in value), name
     step = values["train_async"][0]
     assert step.memory is not None and step.comms and step.events  # what the probes attach under pp
-    assert [type(t).__name__ for t in tokens] == ["TokenRecord"] * 3 and tokens[-1].done
+    assert [type(t).__name__ for t in tokens] == ["TokenRecord"] * (3 + 2 * 16) and tokens[2].done
 
 
 # ---- the panel ----------------------------------------------------------------------------------------
@@ -135,9 +140,13 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-do-sample", "ip-temperature", "ip-top-k", "ip-generate-button", "ip-generate-output", "ip-verify-button",
         "ip-save-button", "ip-load-checkpoint-button", "ip-export-button", "ip-views", "ip-loss-figure",
         "ip-memory-figure", "ip-comm-matrix-figure", "ip-comm-breakdown-figure", "ip-timeline-figure",
-        "ip-layout-param", "ip-sharding-figure", "ip-pipeline-figure"}
+        "ip-layout-param", "ip-sharding-figure", "ip-pipeline-figure", "ip-serve-count", "ip-serve-gap",
+        "ip-serve-max-tokens", "ip-serve-max-batch", "ip-serve-engine", "ip-serve-policy", "ip-serve-button",
+        "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
+        "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
+        "ip-latency-figure", "ip-quantization-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 7
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 13
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -152,12 +161,15 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     columns = p.columns
     assert isinstance(columns, W.AppLayout) and columns.center is p.views.widget
     sections = columns.left_sidebar.children
-    assert list(sections) == [p.cluster.widget, p.plan_section.widget, p.run_section.widget]
+    assert list(sections) == [p.cluster.widget, p.plan_section.widget, p.run_section.widget,
+                              p.serve_section.widget]
     assert columns.layout.grid_template_areas == '"left-sidebar center center"'
     # the browser reports each figure's element width; the figure takes it, and keeps it on refresh
     fit = next(w for w in p.children if isinstance(w, FitFigures))
     assert set(fit.figures) == {f"ip-{n}-figure" for n in ("loss", "memory", "comm-matrix", "comm-breakdown",
-                                                          "timeline", "sharding", "pipeline")}
+                                                          "timeline", "sharding", "pipeline", "tokens-per-step",
+                                                          "kv-memory", "step-split", "request-timeline", "latency",
+                                                          "quantization")}
     fit.widths = {"ip-loss-figure": 612, "ip-memory-figure": 0}
     assert p.views.loss.layout.width == 612 and p.views.memory.layout.width is None
     refresh(p.views.loss, loss_figure([StepRecord(rank=0, step=0, loss=1.0, tokens=1, time_s=1.0)]))
@@ -324,6 +336,48 @@ def test_generate_streams_tokens_and_stop_ends_it():
 
 
 @pytest.mark.pure
+def test_serve_streams_each_request_and_the_views_draw_requests_and_steps():
+    s, p = laid_out(token_delay=0.02)
+    p.run_section.prompts.value = "ab\ncde"
+    p.run_section.do_sample.value = True
+    p.run_section.temperature.value = 0.5
+    job = p.serve(5, max_tokens=8, policy="static", max_batch=2)
+    sv = p.serve_section
+    assert until(lambda: "decoding" in sv.serve_out.value)
+    assert sv.serve.disabled and not p.run_section.interrupt.disabled  # busy: Stop is the only way out
+    assert job.wait(10) and p.error_text == ""
+    call = next(c for c in s.calls if c[0] == "serve")
+    assert call[1] == ["r0", "r1", "r2", "r3", "r4"] and call[2] == dict(engine="auto", policy="static", max_batch=2)
+    out = shown(sv.serve_out)
+    assert "r4" in out and "done (length)" in out and "dcedc" in out  # each request's text, streamed then done
+    assert "served 5 requests" in p.run_section.status.value and not sv.serve.disabled
+    v = p.views
+    v.tab.selected_index = 6
+    assert len(v.request_timeline.data[0].y) == 5 and "policy static" in v.messages["requests"].value
+    v.tab.selected_index = 5
+    assert v.tokens_per_step.data and v.kv_memory.data and v.step_split.data
+
+
+@pytest.mark.pure
+def test_quantize_and_full_precision_buttons_and_their_view():
+    s, p = laid_out()
+    p.quantize("int4-weight-only")
+    sv, v = p.serve_section, p.views
+    assert ("quantize", "int4-weight-only") in s.calls and "int4-weight-only" in sv.quantize_out.value
+    assert "1.06 MiB" in sv.quantize_out.value and p.error_text == ""
+    v.tab.selected_index = 7
+    assert "int4-weight-only" in v.quantization.layout.title.text
+    sv.dequantize.click()
+    assert ("dequantize",) in s.calls and "full precision" in sv.quantize_out.value
+    assert "full precision" in v.messages["quantization"].value
+    p.plan_section.fields["dp"].value, p.plan_section.fields["fsdp"].value = 1, 4
+    p.plan_section.apply.click()
+    p.quantize("int8-weight-only")
+    assert "plan fsdp4: FSDP gathers" in p.error_text  # refused, shown, nothing quantized
+    assert not sv.quantize.disabled
+
+
+@pytest.mark.pure
 def test_a_rank_failure_names_the_rank_and_controls_come_back():
     s, p = laid_out(fail_step=1)
 
@@ -477,6 +531,18 @@ def test_panel_drives_a_live_session(session4):
         got = getattr(s, name)()
         assert isinstance(got, RecordList) and got and {type(x) for x in got} <= set(ELEMENTS[name]), name
     assert isinstance(s.verify(), VerifyReport)
+    job = p.serve(6, gap=0.02, max_tokens=6)
+    assert job.wait(120) and p.error_text == "", p.error_text
+    assert "served 6 requests" in r.status.value and s.served().engine == "transformers"
+    p.views.tab.selected_index = 6
+    assert len(p.views.request_timeline.data[0].y) == 6 and "failed" not in p.views.messages["requests"].value
+    p.quantize("int8-weight-only")
+    assert p.error_text == "" and "int8-weight-only" in p.serve_section.quantize_out.value, p.error_text
+    for name in ("decoding", "quantized"):
+        got = getattr(s, name)()
+        assert isinstance(got, RecordList) and got and {type(x) for x in got} <= set(ELEMENTS[name]), name
+    p.serve_section.dequantize.click()
+    assert p.error_text == "" and s.quantization is None
     assert p.run(_fails_on_rank_three) is None
     assert "rank 3" in p.error_text and "rank three refuses" in p.error_text
     assert p.run(lambda: 7) == [7] * 4 and not r.generate.disabled

@@ -266,6 +266,14 @@ class Session:
         """Every rank's DecodeSteps of the latest generate or serve call (no remote call)."""
         return self.telemetry.decoding
 
+    def served(self) -> ServeResult | None:
+        """The latest serve call's result: its requests and steps (no remote call)."""
+        return self.telemetry.served
+
+    def quantized(self) -> RecordList:
+        """Per rank, what the latest quantize measured (empty: the model runs in full precision)."""
+        return self.telemetry.quantization
+
     async def verify_async(self) -> VerifyReport:
         """Loss and per-parameter gradient differences against one process holding the whole
         model, on the current weights and the current step's batch (no optimizer step)."""

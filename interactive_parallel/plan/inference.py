@@ -1,15 +1,17 @@
 """What inference needs to know before any rank runs: which serving engine runs under a plan,
-which quantization a plan can hold, and what is wrong with a list of requests.
+which quantization a plan can hold, what is wrong with a list of requests, and a generator of
+requests with staggered arrivals.
 
 Owns those decisions and their reasons, each naming its numbers, so the client refuses bad
 input before touching a rank and the README, the panel and the ranks give one answer.
-Pure Python: knows the Plan, the model's FamilyInfo and the Request fields, nothing of
+Pure Python: knows the Plan, the model's FamilyInfo and the Request record, nothing of
 torch, transformers objects or how a rank serves.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
+from ..records import Request
 from .models import ModelSpec
 from .plan import Plan
 
@@ -136,3 +138,18 @@ def _one_request_problems(r: Any, spec: ModelSpec) -> list[str]:
     if any(not isinstance(s, str) or not s for s in r.stop):
         out.append("stop strings must be non-empty strings")
     return out
+
+
+EXAMPLE_PROMPTS = ("12+35=", "7+8=", "40+2=", "21+21=", "9+90=", "33+4=", "1+1=", "50+50=")
+"""Prompts of the package's training task (two-digit additions)."""
+
+
+def staggered_requests(n: int, gap_s: float = 0.05, max_new_tokens: int = 16,
+                       prompts: Sequence[str] = EXAMPLE_PROMPTS, **sampling: Any) -> list[Request]:
+    """`n` requests arriving one every `gap_s` seconds, cycling through `prompts`, each wanting
+    between a quarter of `max_new_tokens` and all of it (mixed lengths, so batching has
+    something to schedule); `sampling`: do_sample, temperature, top_k, stop, applied to each,
+    with seeds 0, 1, 2, ..."""
+    lengths = [max(1, max_new_tokens * k // 4) for k in (1, 4, 2, 3)]
+    return [Request(id=f"r{i}", prompt=prompts[i % len(prompts)], arrival=round(i * gap_s, 6),
+                    max_new_tokens=lengths[i % len(lengths)], seed=i, **sampling) for i in range(n)]

@@ -77,17 +77,21 @@ def refresh(widget: go.FigureWidget, figure: go.Figure, *,
         widget.data = ()
         if figure.data:
             widget.add_traces(list(figure.data))
-    old = _flatten(widget.layout.to_plotly_json())
-    new = _flatten(figure.layout.to_plotly_json())
+    old_json, new_json = widget.layout.to_plotly_json(), figure.layout.to_plotly_json()
+    old, new = _flatten(old_json), _flatten(new_json)
     owned = tuple(keep)
-    skip = lambda path: path.split(".")[0] in owned  # noqa: E731
+    # Subplot axes the widget lacks (xaxis2, ...) are set whole: a dotted path into one does not exist yet.
+    fresh = {top for top in new_json if top not in old_json and top not in owned}
+    skip = lambda path: path.split(".")[0] in owned or path.split(".")[0] in fresh  # noqa: E731
     with widget.batch_update():
         if in_place:
-            for trace, fresh in zip(widget.data, new_traces):
-                trace.update({k: v for k, v in fresh.items() if k not in ("type", "uid")}, overwrite=True)
+            for trace, fresh_trace in zip(widget.data, new_traces):
+                trace.update({k: v for k, v in fresh_trace.items() if k not in ("type", "uid")}, overwrite=True)
         for path in old:
             if path not in new and not skip(path):
                 widget.layout[path] = None
+        for top in fresh:
+            widget.layout[top] = new_json[top]
         for path, value in new.items():
             if not skip(path) and old.get(path) != value:
                 widget.layout[path] = value

@@ -1,6 +1,6 @@
 """The control panel: one widget that drives a Session from JupyterLab.
 
-Owns the composition of the sections (the controls, Cluster, Plan and Run, in one column of
+Owns the composition of the sections (the controls, Cluster, Plan, Run and Serve, in one column of
 ipywidgets' AppLayout; the Views tab of live figures beside them, so the figures stay in view
 while the buttons are pressed), the one error area they share, which session the panel drives
 (it may start, attach to or stop one), and the busy/idle state that decides which controls are
@@ -20,6 +20,7 @@ from .fit import FitFigures
 from .planner import PlanSection
 from .render import STYLE
 from .run import RunSection
+from .serve import ServeSection
 from .views import ViewsSection
 
 CONTROLS_WIDTH = "500px"
@@ -44,10 +45,12 @@ class Panel(W.VBox):
         self.cluster = ClusterSection(self)
         self.plan_section = PlanSection(self)
         self.run_section = RunSection(self)
+        self.serve_section = ServeSection(self)
         self.views = ViewsSection(self)
         self.cluster.ranks.observe(lambda _c: self.plan_section.revalidate(), names="value")
         self.cluster.device.observe(lambda _c: self.plan_section.revalidate(), names="value")
-        sections = [self.cluster.widget, self.plan_section.widget, self.run_section.widget]
+        sections = [self.cluster.widget, self.plan_section.widget, self.run_section.widget,
+                    self.serve_section.widget]
         for section in sections:
             section.layout.flex = "0 0 auto"  # scroll the column, never squeeze a section into its neighbour
         controls = css(W.VBox(sections, layout=W.Layout(max_height=CONTROLS_HEIGHT, overflow_y="auto")),
@@ -98,11 +101,12 @@ class Panel(W.VBox):
     def sync(self) -> None:
         """Each control's enabled state from what is true now."""
         alive, busy = self.alive, bool(self.activity)
-        for section in (self.cluster, self.plan_section, self.run_section, self.views):
+        for section in (self.cluster, self.plan_section, self.run_section, self.serve_section, self.views):
             section.sync(alive, busy)
 
     def notify(self, event: str) -> None:
-        """Something changed ('session', 'model', 'plan', 'step', 'trained'): redraw what depends on it."""
+        """Something changed ('session', 'model', 'plan', 'step', 'trained', 'served'): redraw what
+        depends on it."""
         if event == "step":
             self.views.on_step()
             return
@@ -125,8 +129,23 @@ class Panel(W.VBox):
             self.run_section.prompts.value = prompts
         return self.run_section.start_generating()
 
+    def serve(self, count: int | None = None, **controls: Any):
+        """Click Serve (with `count` requests and any Serve control, e.g. policy='static', set first); the Job."""
+        section = self.serve_section
+        if count is not None:
+            section.count.value = count
+        for name, value in controls.items():
+            getattr(section, name).value = value
+        return section.start_serving()
+
+    def quantize(self, scheme: str | None = None) -> None:
+        """Click Quantize (with `scheme` picked first)."""
+        if scheme is not None:
+            self.serve_section.scheme.value = scheme
+        self.serve_section.quantize.click()
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Outside a kernel: block until the training or generation started from the panel ends."""
+        """Outside a kernel: block until the training, generation or serving started from the panel ends."""
         job = self.run_section.job
         return True if job is None else job.wait(timeout)
 

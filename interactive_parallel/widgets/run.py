@@ -98,12 +98,13 @@ class RunSection:
     # ---- long calls as jobs ----------------------------------------------------------------------
     @property
     def running(self) -> bool:
-        """Training or generation is under way (the ranks are busy; Stop is live)."""
+        """Training, generation or serving is under way (the ranks are busy; Stop is live)."""
         return self.job is not None and not self.job.done
 
-    def _start(self, what: str, activity: str, make: Callable[[Any], Coroutine], total: int,
+    def start_job(self, what: str, activity: str, make: Callable[[Any], Coroutine], total: int,
                done: Callable[[Any], None], status: str) -> Job | None:
-        """Start `make(session)` as a Job with every control but Stop off; None if it cannot start."""
+        """Start `make(session)` as a Job with every control but Stop off; None if it cannot start
+        (the Serve section starts its serving runs here too, so Stop and the progress are shared)."""
         actions = self.panel.actions
         actions.clear()
         try:
@@ -145,7 +146,7 @@ class RunSection:
             return session.train_async(steps, on_step=self._on_step,
                                        **self.panel.plan_section.knobs(session.train_async))
 
-        return self._start("train", "training", make, steps, self._trained, f"training {steps} steps ...")
+        return self.start_job("train", "training", make, steps, self._trained, f"training {steps} steps ...")
 
     def _on_step(self, records: list[StepRecord]) -> None:
         self.progress.value = min(self.progress.value + 1, self.progress.max)
@@ -172,7 +173,7 @@ class RunSection:
                                           on_token=self._on_token)
 
         self.generate_out.value = completions_html(prompts, self._stream["texts"], self._stream["done"])
-        return self._start("generate", "generating", make, n, self._generated, f"generating up to {n} tokens ...")
+        return self.start_job("generate", "generating", make, n, self._generated, f"generating up to {n} tokens ...")
 
     def _on_token(self, record: TokenRecord) -> None:
         s = self._stream

@@ -1,4 +1,5 @@
-"""The panel's views: a Tab of live figures (loss, memory, communication, layout, pipeline).
+"""The panel's views: a Tab of live figures (loss, memory, communication, layout, pipeline,
+decoding, requests, quantization).
 
 Owns one FigureWidget per figure, built once and refreshed in place from the pure viz/
 functions, and when each is redrawn. Loss, memory, communication and pipeline come from the
@@ -7,8 +8,11 @@ reads, no remote call), so while the ranks train the loss and the open tab are r
 steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
 The predicted memory beside the measured is `session.predict_memory()`, once per plan. The
 layout is `session.layout()` (a remote call, cached by the Session per applied plan): read once
-per plan, when its tab is open and the ranks are not busy. Knows nothing of how records are
-measured, nor of the controls; fitting the figures to the column is widgets/fit.py's.
+per plan, when its tab is open and the ranks are not busy. Decoding (tokens per step, KV cache
+per rank, compute and communication per step), requests (timeline, latency) and quantization
+come from the latest generate / serve / quantize call the Session kept (`decoding()`,
+`served()`, `quantized()`: local reads), redrawn when such a call ends. Knows nothing of how
+records are measured, nor of the controls; fitting the figures to the column is widgets/fit.py's.
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ from .render import note, pre, table
 if TYPE_CHECKING:
     from .panel import Panel
 
-TABS = ("loss", "memory", "communication", "layout", "pipeline")
+TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization")
 LIVE_INTERVAL_S = 0.5
 """Least time between two live redraws during training: a step of a tiny model takes ~0.1 s,
 and redrawing every figure at that rate would slow the client more than it shows."""
@@ -46,10 +50,17 @@ class ViewsSection:
             ("ip-comm-breakdown-figure", viz.comm_breakdown_figure(None), 320),
             ("ip-timeline-figure", viz.timeline_figure(None), 360),
             ("ip-sharding-figure", viz.sharding_figure(None), 420),
-            ("ip-pipeline-figure", viz.pipeline_figure(None), 360))}
+            ("ip-pipeline-figure", viz.pipeline_figure(None), 360),
+            ("ip-tokens-per-step-figure", viz.tokens_per_step_figure(None), 300),
+            ("ip-kv-memory-figure", viz.kv_memory_figure(None), 300),
+            ("ip-step-split-figure", viz.step_split_figure(None), 360),
+            ("ip-request-timeline-figure", viz.request_timeline_figure(None), 380),
+            ("ip-latency-figure", viz.latency_figure(None), 300),
+            ("ip-quantization-figure", viz.quantization_figure(None), 340))}
         """CSS class -> FigureWidget (the browser test finds them by it; widgets/fit.py sizes them by it)."""
         (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
-         self.pipeline) = self.figures.values()
+         self.pipeline, self.tokens_per_step, self.kv_memory, self.step_split, self.request_timeline, self.latency,
+         self.quantization) = self.figures.values()
         self.messages = {t: css(W.HTML(), f"ip-{t}-message") for t in TABS}
         self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="100%")),
                          "ip-layout-param")
@@ -66,6 +77,9 @@ class ViewsSection:
                 grid_template_columns="minmax(0, 1fr) minmax(0, 1fr)")), self.timeline],
             "layout": [self.param, self.sharding, self.layout_table],
             "pipeline": [self.pipeline],
+            "decoding": [self.tokens_per_step, self.kv_memory, self.step_split],
+            "requests": [self.request_timeline, self.latency],
+            "quantization": [self.quantization],
         }
         self.pages = {t: css(W.VBox([self.messages[t], *pages[t]]), f"ip-view-{t}") for t in TABS}
         self.tab = css(W.Tab(children=[self.pages[t] for t in TABS], titles=list(TABS)), "ip-views")
@@ -177,6 +191,27 @@ class ViewsSection:
         events = [e for e in self.panel.session.timeline() if isinstance(e, PipelineEvent)]
         refresh(self.pipeline, viz.pipeline_figure(events))
         return "" if events else note("no pipeline events: Apply a plan with pp > 1 and Train")
+
+    def _draw_decoding(self, force: bool = False) -> str:
+        steps = list(self.panel.session.decoding())
+        refresh(self.tokens_per_step, viz.tokens_per_step_figure(steps))
+        refresh(self.kv_memory, viz.kv_memory_figure(steps))
+        refresh(self.step_split, viz.step_split_figure(steps))
+        return "" if steps else note("no decoding yet: Generate or Serve")
+
+    def _draw_requests(self, force: bool = False) -> str:
+        served = self.panel.session.served()
+        requests = list(served.requests) if served is not None else []
+        refresh(self.request_timeline, viz.request_timeline_figure(requests))
+        refresh(self.latency, viz.latency_figure(requests))
+        if served is None:
+            return note("no requests yet: Serve")
+        return note(f"{served.engine} engine ({served.reason}), policy {served.policy}, plan {served.plan}")
+
+    def _draw_quantization(self, force: bool = False) -> str:
+        records = list(self.panel.session.quantized())
+        refresh(self.quantization, viz.quantization_figure(records))
+        return "" if records else note("full precision: Quantize in the Serve section")
 
     def forget(self) -> None:
         """The session changed: nothing drawn so far describes it."""
