@@ -29,7 +29,7 @@ from ..plan import MeshAxis
 from ..records import DecodeStep, Request, RequestRecord, ServeResult, TokenRecord
 from . import channel, faults
 from .decode import cache_bytes, forward_last, measured, new_caches
-from .generate import encode, pick, suppress_padding
+from .generate import encode, pick, piece, suppress_padding
 from .parallelized import Parallelized
 from .tokenizer import get_tokenizer
 
@@ -236,12 +236,12 @@ class Server:
             rec, req = r.record, r.req
             if len(r.tokens) == 1:
                 rec.first_token = now
-            piece = add_token(rec, req, token)
+            added = add_token(rec, req, token)
             if rec.finish_reason:
                 rec.finished = now
                 done.add(r.index)
             if self.leader and channel.streaming():
-                channel.emit(TokenRecord(rank=self.rank, prompt=r.index, position=len(r.tokens) - 1, text=piece,
+                channel.emit(TokenRecord(rank=self.rank, prompt=r.index, position=len(r.tokens) - 1, text=added,
                                          done=bool(rec.finish_reason), time=time.time()))
                 if rec.finish_reason:
                     channel.emit(rec)
@@ -256,19 +256,19 @@ def add_token(rec: RequestRecord, req: Request, token: int) -> str:
     """Fold one new token into the request's record (its text, count and, once it ends, why:
     end of sequence, a stop string, which is kept and ends the text, or max_new_tokens); the
     text the token added."""
-    tok = get_tokenizer()
-    piece = "" if token == tok.eos_token_id else tok.decode([token], skip_special_tokens=True)
-    rec.text += piece
+    eos = get_tokenizer().eos_token_id
+    added = piece(token) if token != eos else ""
+    rec.text += added
     rec.tokens += 1
     hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]
-    if token == tok.eos_token_id:
+    if token == eos:
         rec.finish_reason = "eos"
     elif hit:
         at, stop = min(hit)
         rec.text, rec.finish_reason = rec.text[:at + len(stop)], "stop"
     elif rec.tokens >= req.max_new_tokens:
         rec.finish_reason = "length"
-    return piece
+    return added
 
 
 def close_records(records) -> None:

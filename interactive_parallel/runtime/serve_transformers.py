@@ -155,14 +155,14 @@ def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: 
         rec.first_token = out.timestamps[0] - t0
     finished = False
     for t in new:
-        piece = add_token(rec, req, t)
+        added = add_token(rec, req, t)
         finished = bool(rec.finish_reason)
         if finished:
             stamp = out.timestamps[rec.tokens - 1] if out.timestamps and len(out.timestamps) >= rec.tokens else \
                 time.perf_counter()
             rec.finished = stamp - t0
         if leader and channel.streaming():
-            channel.emit(TokenRecord(rank=rank, prompt=by_id[req.id], position=rec.tokens - 1, text=piece,
+            channel.emit(TokenRecord(rank=rank, prompt=by_id[req.id], position=rec.tokens - 1, text=added,
                                      done=finished, time=time.time()))
             if finished:
                 channel.emit(rec)
