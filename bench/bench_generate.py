@@ -10,7 +10,7 @@ Prints three tables:
 2. the same on spawned gloo ranks under dp, tp and pp (recompute vs cached);
 3. quantization (runtime.quantize) on one rank: parameter bytes and greedy tokens/s before
    and after, and the share of greedy tokens unchanged.
-Run: .venv/bin/python bench/bench_generate.py [--tokens 128 256] [--ranks 4] [--model tiny-llama]
+Run: .venv/bin/python bench/bench_generate.py [--tokens 128 200] [--ranks 4] [--model tiny-llama]
 Knows nothing of pytest; spawned ranks come from tests/mp_harness.py.
 """
 from __future__ import annotations
@@ -25,9 +25,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5="]
 
 
-def recompute_generate(par, prompts: list[str], max_new_tokens: int) -> list[str]:
-    """The decoding loop before the KV cache: the whole padded prefix through the model at every
-    step (Parallelized.forward_logits), greedy, the vocabulary's padding rows suppressed."""
+def recompute_generate(par, prompts: list[str], max_new_tokens: int, on_step=None) -> list[str]:
+    """The decoding loop before the KV cache, as runtime/generate.py had it (greedy part): the
+    whole padded prefix through the model at every step (Parallelized.forward_logits), and with
+    `on_step` (as a Session call passes it) each row's text decoded again to find the new piece."""
     import torch
 
     from interactive_parallel.runtime.generate import decode_new, encode
@@ -36,9 +37,10 @@ def recompute_generate(par, prompts: list[str], max_new_tokens: int) -> list[str
     tok = get_tokenizer()
     ids, mask = encode(prompts, par.device)
     start = ids.shape[1]
+    shown = [""] * len(prompts)
     sp = par.plan.tp if par.plan.sequence_parallel and par.plan.tp > 1 else 1
     with torch.no_grad():
-        for _ in range(max_new_tokens):
+        for position in range(max_new_tokens):
             extra = (-ids.shape[1]) % sp
             step_ids = torch.cat([torch.zeros(ids.shape[0], extra, dtype=ids.dtype), ids], 1)
             step_mask = torch.cat([torch.zeros(ids.shape[0], extra, dtype=mask.dtype), mask], 1)
@@ -47,6 +49,13 @@ def recompute_generate(par, prompts: list[str], max_new_tokens: int) -> list[str
             logits[:, len(tok):] = float("-inf")
             nxt = logits.argmax(-1, keepdim=True)
             ids, mask = torch.cat([ids, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
+            if on_step is not None:
+                texts = decode_new(ids[:, start:])
+                done = [tok.eos_token_id in row or position == max_new_tokens - 1 for row in ids[:, start:].tolist()]
+                pieces = [t[len(p):] for t, p in zip(texts, shown)]
+                shown = texts
+                if on_step(position, pieces, done):
+                    break
     return decode_new(ids[:, start:])
 
 
@@ -81,17 +90,24 @@ def one_rank(model: str, tokens: int, repeats: int) -> None:
                                     pad_token_id=tok.pad_token_id)
 
     generate(par, PROMPTS, 4)  # warm
+    quiet = lambda *a: False  # noqa: E731 - what a Session call's callback costs, minus the channel
     hf_s, _ = _timed(hf, repeats)
-    cached_s, cached = _timed(lambda: generate(par, PROMPTS, tokens), repeats)
-    recompute_s, recomputed = _timed(lambda: recompute_generate(par, PROMPTS, tokens), 1)
-    print(f"\n1. one rank, {model}, {len(PROMPTS)} prompts x {tokens} new tokens (median of {repeats}; "
-          f"recompute once)")
-    print(f"{'loop':<34}{'tokens/s':>10}{'seconds':>10}")
-    for name, secs in (("recompute (before the KV cache)", recompute_s), ("runtime.generate (KV-cached)", cached_s),
-                       ("transformers model.generate", hf_s)):
-        print(f"{name:<34}{n / secs:>10.0f}{secs:>10.3f}")
-    print(f"cached / recompute: {recompute_s / cached_s:.1f}x (issue: >= 5x); "
-          f"model.generate / cached time: {cached_s / hf_s:.2f} (issue: <= 1.2); same text: {cached == recomputed}")
+    rows = {}
+    for label, callback in (("", None), (", streaming", quiet)):
+        kw = {} if callback is None else dict(on_step=callback)
+        cached_s, cached = _timed(lambda: generate(par, PROMPTS, tokens, **kw), repeats)
+        recompute_s, recomputed = _timed(lambda: recompute_generate(par, PROMPTS, tokens, **kw), repeats)
+        rows[label] = (recompute_s, cached_s, cached == recomputed)
+    print(f"\n1. one rank, {model}, {len(PROMPTS)} prompts x {tokens} new tokens (median of {repeats}; streaming: "
+          f"with the per-step callback a Session call passes)")
+    print(f"{'loop':<46}{'tokens/s':>10}{'seconds':>10}")
+    for label, (recompute_s, cached_s, _) in rows.items():
+        print(f"{'recompute (before the KV cache)' + label:<46}{n / recompute_s:>10.0f}{recompute_s:>10.3f}")
+        print(f"{'runtime.generate (KV-cached)' + label:<46}{n / cached_s:>10.0f}{cached_s:>10.3f}")
+    print(f"{'transformers model.generate':<46}{n / hf_s:>10.0f}{hf_s:>10.3f}")
+    for label, (recompute_s, cached_s, same) in rows.items():
+        print(f"cached / recompute{label}: {recompute_s / cached_s:.1f}x (issue: >= 5x); same text: {same}")
+    print(f"model.generate time / cached time: {rows[''][1] / hf_s:.2f} (issue: <= 1.2)")
 
 
 def _ranks_worker(rank: int, model: str, plans: list[dict], tokens: int) -> dict:
