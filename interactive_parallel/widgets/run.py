@@ -187,8 +187,8 @@ class RunSection:
     def _generated(self, texts: list[str]) -> None:
         s = self._stream
         self.generate_out.value = completions_html(s["prompts"], texts)
-        # decoding runs to max_new_tokens whatever the rows emit, so fewer positions means Stop
-        complete = self.progress.value >= self.progress.max
+        # decoding ends early only when every row has ended (end of sequence) or on Stop
+        complete = self.progress.value >= self.progress.max or (bool(s["done"]) and all(s["done"]))
         self.status.value = "generated" if complete else f"stopped after {self.progress.value} tokens"
 
     # ---- blocking actions ------------------------------------------------------------------------
