@@ -85,7 +85,7 @@ def every_collective_on_the_group_device(rank: int, plans: list[dict]) -> dict:
             ran.append(("train", rec.loss))
             ran.append(("global_loss", global_loss(par, rec.loss)))
             ran.append(("verify", api.verify().ok))
-            ran.append(("generate", api.generate(["12+35="], 2, {})))
+            ran.append(("generate", api.generate(["12+35="], 2, {}).texts))
             channel.set_stop_source(lambda: False)
             try:
                 ran.append(("agree_stop", channel.agree_stop(par.device)))

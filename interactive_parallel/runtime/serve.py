@@ -84,11 +84,11 @@ class Batch:
 
     def keep(self, alive: list[int]) -> None:
         """Only the rows `alive`, then cut the leading columns no row uses any more."""
-        index = torch.tensor(alive, dtype=torch.long)
         self.rows = [self.rows[i] for i in alive]
         if not alive:
             self.caches = self.mask = self.positions = self.last = None
             return
+        index = torch.tensor(alive, dtype=torch.long, device=self.mask.device)
         self.mask, self.positions, self.last = self.mask[index], self.positions[index], self.last[index]
         used = self.mask.any(0).nonzero()
         first = int(used[0]) if len(used) else 0

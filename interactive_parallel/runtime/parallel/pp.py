@@ -165,6 +165,15 @@ def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device)
     return cls(stages[0], **kw), schedule_shape(plan)
 
 
+def row_slices(rows: int, parts: int) -> list[slice]:
+    """The rows of each micro-batch, as torch.tensor_split cuts them (the first rows % parts get one more)."""
+    size, more = divmod(rows, parts)
+    edges = [0]
+    for m in range(parts):
+        edges.append(edges[-1] + size + (m < more))
+    return [slice(a, b) for a, b in zip(edges, edges[1:])]
+
+
 @torch.no_grad()
 def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids: torch.Tensor,
                      hidden_size: int, vocab: int, *, caches: list | None = None, take: int | None = None,
@@ -189,8 +198,7 @@ def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids
     parts = len(caches) if caches else 1
     last_owner = (total - 1) % pp
     outs, pending = [], []
-    for m, idx in enumerate(torch.arange(ids.shape[0]).tensor_split(parts)):  # rows of each micro-batch
-        rows = slice(int(idx[0]), int(idx[-1]) + 1)
+    for m, rows in enumerate(row_slices(ids.shape[0], parts)):
         mb = ids[rows]  # [b/m, s]
         kw = dict(cache=caches[m] if caches else None,
                   attention_mask=None if attention_mask is None else attention_mask[rows],
