@@ -153,6 +153,9 @@ class FamilyInfo:
     """Model level path pattern ('*' = any block index) -> TP style (a TP_STYLES name)."""
     tied_by_default: bool = False
     """Embedding and LM head share one weight unless the config says tie_word_embeddings."""
+    scaled_init: tuple[str, ...] = ()
+    """Block level linears whose weights the model's `_init_weights` draws with std / sqrt(2 x layers)
+    (GPT-2's residual projections); the others use the config's initializer_range."""
 
     @property
     def embed_paths(self) -> tuple[str, ...]:
@@ -227,6 +230,7 @@ FAMILIES: dict[str, FamilyInfo] = {
             "transformer.h.*.mlp.c_proj": "rowwise",
         },
         tied_by_default=True,
+        scaled_init=("attn.c_proj", "mlp.c_proj"),
     ),
 }
 

@@ -16,6 +16,7 @@ from .models import ModelSpec
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 class PlanError(ValueError):
@@ -50,6 +51,9 @@ class Plan:
     """Stages per rank for interleaved schedules."""
     sequence_parallel: bool = False
     """Under tp: shard norms and dropout along the sequence too."""
+    recompute: str = "none"
+    """Activation recomputation per decoder layer: 'none', 'selective' (recompute the cheap
+    ops, keep matmul and attention outputs) or 'full' (keep each layer's input only)."""
     batch_size: int = 8
     """Global batch (sequences per optimizer step, over all data-parallel ranks)."""
     seq_len: int = 64
@@ -152,6 +156,8 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
     if plan.lr <= 0:
         problems.append(f"lr({plan.lr}) must be > 0")
+    if plan.recompute not in RECOMPUTE_MODES:
+        problems.append(f"recompute {plan.recompute!r} is not one of {', '.join(RECOMPUTE_MODES)}")
 
     problems += _batch_problems(plan)
     problems += _combination_problems(plan)

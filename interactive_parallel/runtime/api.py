@@ -94,34 +94,19 @@ def release_endpoint() -> None:
         sock.close()
 
 
-def snapshot_local() -> bool:
-    """Before a fresh process group: keep the weights if this rank holds them whole
-    (no DTensor, no pipeline split); True if it could."""
-    import torch
-
+def keep_local() -> bool:
+    """Before a fresh process group: keep this rank's own shards of the weights and optimizer
+    state (references, no copy, no collective), so the same plan on the same ranks resumes
+    them (apply_plan(restore='kept')). False when there is nothing to keep."""
     st = _state.get()
-    st.extra.pop("carry", None)
+    st.extra.pop("kept", None)
     if st.parallel is None:
-        return True
-    dequantize()
-    params = list(st.parallel.raw.state_dict().items())
-    if getattr(st.parallel, "stages", None) or any(not type(v) is torch.Tensor for _, v in params):
         return False
-    st.extra["carry"] = {k: v.detach().to("cpu").clone() for k, v in params}
-    return True
+    from .recovery import keep
 
+    dequantize()  # the kept shards are the full-precision weights
 
-def share_carry(src: int = 0) -> bool:
-    """Give every rank the weights `src` kept with snapshot_local (a replaced rank has none)."""
-    import torch.distributed as dist
-
-    st = _state.get()
-    box = [st.extra.get("carry") if st.rank == src else None]
-    dist.broadcast_object_list(box, src=src)
-    if box[0] is None:
-        st.extra.pop("carry", None)
-        return False
-    st.extra["carry"] = box[0]
+    st.extra["kept"] = keep(st.parallel, st.optimizer, st.step)
     return True
 
 
@@ -139,25 +124,35 @@ def load_model(spec: ModelSpec) -> str:
     return spec.name
 
 
-def apply_plan(plan: Plan) -> dict[str, int]:
-    """Lay the current logical model out under `plan`; the weights carry over from the old layout.
-    Returns this rank's mesh coordinates."""
+def apply_plan(plan: Plan, scratch: str | None = None, restore: str | None = None) -> dict[str, Any]:
+    """Lay the current logical model out under `plan`; weights, optimizer state and step carry over.
+
+    A layout already here is written to `scratch` (a directory every rank can read) with
+    torch.distributed.checkpoint and read back under the new plan, DCP resharding it: no
+    rank gathers a whole copy. `restore` says where the state comes from when no layout is
+    here (after a re-formed process group): 'kept' (keep_local on every rank, same plan),
+    'snapshot' (the newest snapshot under `scratch`), or None (the plan's seed).
+    Returns {'coords', 'state': 'seed' | 'carried' | 'kept' | 'snapshot', 'step'}.
+    """
     from . import dist as _dist
-    from .parallelize import parallelize
-    from .train import make_optimizer, make_scaler
+    from .recovery import rebuild
 
     st = _state.get()
     if st.spec is None:
         raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
-    dequantize()  # the new layout starts from the full-precision weights
-    weights = st.parallel.full_state_dict() if st.parallel is not None else st.extra.pop("carry", None)
-    st.parallel = st.model = st.optimizer = None
+    if st.parallel is not None:
+        from .checkpoint import save
+
+        dequantize()  # the new layout starts from the full-precision weights
+        if scratch is None:
+            raise RuntimeError(f"rank {st.rank}: re-plan needs a scratch directory every rank can read")
+        path = os.path.join(scratch, "replan")
+        save(st.parallel, st.optimizer, path, st.step)
+        st.extra["pending_state"] = path
+        st.parallel = st.model = st.optimizer = None  # free the old layout before building the new one
     device = _dist.torch_device(plan.device, st.local_rank)
-    st.parallel = parallelize(st.spec, plan, state_dict=weights, device=device)
-    st.model, st.plan, st.mesh = st.parallel.model, plan, st.parallel.mesh
-    st.optimizer = make_optimizer(st.parallel)
-    st.scaler = make_scaler(plan)
-    return {str(k): v for k, v in st.parallel.coords.items()}
+    how, step = rebuild(st, plan, device, scratch, restore)
+    return {"coords": {str(k): v for k, v in st.parallel.coords.items()}, "state": how, "step": step}
 
 
 def update_training(plan: Plan) -> None:
@@ -173,16 +168,19 @@ def update_training(plan: Plan) -> None:
         st.scaler = make_scaler(plan)
 
 
-def train(steps: int) -> list[StepRecord]:
+def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> list[StepRecord]:
     """Run up to `steps` optimizer steps; each StepRecord goes to runtime.channel as its step
     ends. Before every step the ranks agree whether to stop (one tiny collective), so all of
-    them stop at the same boundary. Returns the records no channel took (all of them when no
-    driver listens)."""
+    them stop at the same boundary. Every `snapshot_every` steps (0: never) the state is
+    written under `scratch` (runtime.checkpoint.snapshot, a collective) for recovery.
+    Returns the records no channel took (all of them when no driver listens)."""
     from . import channel, faults
     from .train import train_step as _step
 
     st = _require_plan()
     _refuse_quantized(st, "train")
+    if snapshot_every and scratch is None:
+        raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
     kept = []
     faults.call_started()
     try:
@@ -192,11 +190,29 @@ def train(steps: int) -> list[StepRecord]:
             faults.boundary()
             rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
             st.step += 1
+            if snapshot_every and st.step % snapshot_every == 0:
+                from .checkpoint import snapshot
+
+                snapshot(st.parallel, st.optimizer, os.path.join(scratch, "snapshots"), st.step)
             if not channel.emit(rec):
                 kept.append(rec)
     finally:
         faults.disarm()  # armed for this call only
     return kept
+
+
+def take_snapshot(scratch: str) -> dict[str, Any]:
+    """Write the state now under `scratch` (a collective); {path, step, seconds, bytes}."""
+    import time
+
+    from .checkpoint import snapshot
+
+    st = _require_plan()
+    t0 = time.perf_counter()
+    path = snapshot(st.parallel, st.optimizer, os.path.join(scratch, "snapshots"), st.step)
+    seconds = time.perf_counter() - t0
+    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    return {"path": path, "step": st.step, "seconds": seconds, "bytes": size}
 
 
 def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -> Generation:
@@ -322,24 +338,26 @@ def set_probes(flag: bool) -> bool:
 
 def set_debug(flag: bool) -> bool:
     """Before a fresh process group: TORCH_DISTRIBUTED_DEBUG=DETAIL (or OFF) for the groups made
-    next, and the full weights kept aside (a collective) so the re-applied plan resumes them."""
+    next. The caller keeps the state with keep_local first and re-applies with restore='kept'."""
     import torch.distributed as tdist
 
-    st = _state.get()
-    if st.parallel is not None:
-        st.extra["debug_carry"] = st.parallel.full_state_dict()
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if flag else "OFF"
     tdist.set_debug_level_from_env()
     return flag
 
 
-def restore_debug_carry() -> bool:
-    """After the new process group: hand the weights set_debug kept to the next apply_plan."""
+def host_memory() -> dict[str, Any]:
+    """What this rank's machine has free now (no collective, nothing changed): host, bytes of
+    available host memory, and free bytes on this rank's GPU under CUDA (else None)."""
+    import psutil
+    import torch
+
     st = _state.get()
-    carry = st.extra.pop("debug_carry", None)
-    if carry is not None:
-        st.extra["carry"] = carry
-    return carry is not None
+    gpu = None
+    if torch.cuda.is_available() and st.device == "cuda":
+        gpu = int(torch.cuda.mem_get_info(st.local_rank)[0])
+    return {"rank": st.rank, "host": socket.gethostname(), "available": int(psutil.virtual_memory().available),
+            "gpu_free": gpu}
 
 
 def full_state_dict() -> dict[str, Any]:
@@ -347,35 +365,51 @@ def full_state_dict() -> dict[str, Any]:
     return _require_plan().parallel.full_state_dict()
 
 
-def verify(step: int | None = None) -> VerifyReport:
-    """The applied plan vs a single-process reference on the same weights and batch (a
-    collective); the same report on every rank. No optimizer step."""
+def verify(step: int | None = None, limit_bytes: int | None = None) -> VerifyReport:
+    """The applied plan vs a single-process reference on the same weights and batch, built on
+    rank 0 only (a collective); the same report on every rank. No optimizer step. When the
+    reference would need more than rank 0's machine has (or `limit_bytes`), the report says
+    so with the numbers (`note`) instead of trying."""
     from .verify import verify as _verify
 
     st = _require_plan()
     _refuse_quantized(st, "verify")
-    return _verify(st.parallel, st.step if step is None else step)
+    return _verify(st.parallel, st.step if step is None else step, limit_bytes=limit_bytes)
 
 
 def save_checkpoint(path: str) -> dict[str, Any]:
-    """Write the model with torch.distributed.checkpoint (a collective): {path, tensors, plan}."""
+    """Write weights, optimizer state and step with torch.distributed.checkpoint (a collective):
+    {path, tensors, optimizer, step, plan}."""
     from .checkpoint import save
 
-    return save(_require_plan().parallel, path)
+    st = _require_plan()
+    return save(st.parallel, st.optimizer, path, st.step)
+
+
+def checkpoint_problems(path: str) -> list[str]:
+    """Why the checkpoint at `path` does not fit the loaded model (empty: it fits). Reads the
+    checkpoint's metadata only; nothing on the rank changes."""
+    from .checkpoint import problems
+
+    return problems(_require_plan().parallel, path)
 
 
 def load_checkpoint(path: str) -> dict[str, Any]:
-    """Load weights saved under any plan into the current layout (a collective): {path, tensors, plan}.
-
-    The optimizer starts fresh: its moments belonged to the weights that were replaced.
-    """
-    from .checkpoint import load
+    """Load a checkpoint saved under any plan into the current layout (a collective): weights,
+    optimizer state (a fresh optimizer when the checkpoint has none) and step.
+    {path, tensors, optimizer, step, plan}. A checkpoint of another model is refused
+    (CheckpointMismatch naming the parameters) before anything changes."""
+    from .checkpoint import CheckpointMismatch, load, problems
     from .train import make_optimizer
 
     st = _require_plan()
+    found = problems(st.parallel, path)
+    if found:
+        raise CheckpointMismatch(path, found)
     dequantize()  # the checkpoint's weights are full precision; they replace ours
-    info = load(st.parallel, path)
     st.optimizer = make_optimizer(st.parallel)
+    info = load(st.parallel, st.optimizer, path, check=False)
+    st.step = info["step"]
     return info
 
 

@@ -1,69 +1,222 @@
-"""Save and load the full logical model with torch.distributed.checkpoint (DCP), under any plan.
+"""Model and optimizer state through torch.distributed.checkpoint (DCP), under any plan.
 
-Owns which tensors go into the checkpoint: every rank writes its own shards (DTensor
-parameters under TP / FSDP / replicate; only its stages' parameters under PP) under the
-transformers names, so a checkpoint written under one plan loads under another, DCP
-resharding on load. Weights whose sharded layout is permuted (GPT-2's fused q|k|v under
-TP) are stored in the checkpoint layout as full tensors. Knows nothing of optimizers or
-of the client: the caller decides what to reset after a load.
+Owns the state a rank saves and loads: its own shards of the weights and of AdamW's
+moments and step counts (torch's `get_state_dict` / `set_state_dict` helpers, flattened
+so a pipeline rank names only its own parameters), and the training step; every entry
+under its logical name (a tied LM head under the embedding's name, Parallelized.canonical)
+and in its logical layout (a fused q|k|v stored permuted under TP goes to DCP as the
+pieces it holds, runtime.pieces), so a state written under one plan loads under any
+other, DCP resharding on load. No rank gathers a whole tensor. Hyperparameters are not
+saved: they come from the plan that loads the state.
+
+Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|exp_avg_sq|
+step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
+`train.step`. Snapshots (for recovery) are such directories, one per generation, under
+one folder: the newest complete one (its `.metadata` written, which DCP does last) wins.
+
+Knows nothing of the client or of how the layout was made; the caller says where.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from .parallelized import Parallelized
+from .pieces import Pieces
+
+SNAPSHOT_PREFIX = "step-"
 
 
-def _logical_state(par: Parallelized) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(state dict to hand to DCP, {name: live parameter} for the permuted entries)."""
-    from .parallel.tp import unpermute
+class CheckpointMismatch(ValueError):
+    """A state directory that does not fit the model: `problems` names each parameter."""
 
-    state = par.raw.state_dict()
-    out: dict[str, Any] = {}
-    live: dict[str, torch.Tensor] = {}
-    for name in par.owned_keys():
-        t = state[name]
-        if name in par.perms:
-            full = t.full_tensor() if hasattr(t, "full_tensor") else t
-            out[name] = unpermute(full.detach(), *par.perms[name])
-            live[name] = t
-        else:
-            out[name] = t
-    return out, live
+    def __init__(self, path: str, problems: list[str]):
+        self.path, self.problems = path, list(problems)
+        shown = "\n  - ".join(self.problems[:20]) + (f"\n  ... {len(problems) - 20} more" if len(problems) > 20 else "")
+        super().__init__(f"{path} does not hold this model's parameters:\n  - {shown}")
 
 
-def save(par: Parallelized, path: str) -> dict[str, Any]:
-    """Write the model under `path` (a directory); a collective over all ranks."""
+# ---- capturing the live state ------------------------------------------------------------------
+def _options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # strict=False: under PP the model also holds (meta) layers of other stages.
+    return StateDictOptions(flatten_optimizer_state_dict=True, strict=False)
+
+
+def live_state(par: Parallelized, optimizer, with_optim: bool) -> tuple[dict, dict, dict]:
+    """(DCP state, model state dict, optimizer state dict): the last two as torch's helpers
+    return them (for set_state_dict), the first a flat dict of the same tensors (aliases: DCP
+    reads from and loads into the live storage) under logical names and layouts.
+
+    An optimizer without state gets it from the helpers (a zero step at lr 0), so only ask
+    for it when it has stepped or when a saved state is about to be loaded into it.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if with_optim:
+        model_sd, optim_sd = get_state_dict(par.raw, optimizer, options=_options())
+    else:
+        model_sd, optim_sd = get_model_state_dict(par.raw, options=_options()), {}
+    owned = set(par.owned_keys())
+    model_sd = {k: v for k, v in model_sd.items() if k in owned}
+    state: dict[str, Any] = {}
+    for name, t in model_sd.items():
+        state.setdefault(f"model.{par.canonical(name)}", _logical(par, name, t))
+    for key, t in optim_sd.items():
+        section, _, rest = key.partition(".")
+        if section != "state":
+            continue  # param_groups: the plan's hyperparameters, not state
+        name, _, field = rest.rpartition(".")
+        state.setdefault(f"optim.{par.canonical(name)}.{field}", _logical(par, name, t))
+    return state, model_sd, optim_sd
+
+
+def _logical(par: Parallelized, name: str, t: torch.Tensor) -> Any:
+    perm = par.perms.get(name)
+    if perm is None or not isinstance(t, torch.Tensor) or t.dim() <= perm[0]:
+        return t
+    return Pieces.of(t, perm)
+
+
+# ---- DCP with pieces ---------------------------------------------------------------------------
+def _planners():
+    from torch.distributed.checkpoint import DefaultLoadPlanner, DefaultSavePlanner
+
+    class SavePlanner(DefaultSavePlanner):
+        def lookup_object(self, index):
+            obj = self.state_dict.get(index.fqn)
+            return obj.view_at(index.offset) if isinstance(obj, Pieces) else super().lookup_object(index)
+
+    class LoadPlanner(DefaultLoadPlanner):
+        def set_up_planner(self, state_dict, metadata=None, is_coordinator=False):
+            # DCP's set-up replaces values of types it does not know by None, in place.
+            held = {k: v for k, v in state_dict.items() if isinstance(v, Pieces)}
+            super().set_up_planner(state_dict, metadata, is_coordinator)
+            state_dict.update(held)
+            self.state_dict.update(held)
+
+        def lookup_tensor(self, index):
+            obj = self.state_dict.get(index.fqn)
+            return obj.view_at(index.offset) if isinstance(obj, Pieces) else super().lookup_tensor(index)
+
+    return SavePlanner, LoadPlanner
+
+
+def write(state: dict, path: str) -> None:
+    """DCP save (a collective); each rank writes one file of its own pieces."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemWriter
 
+    save_planner, _ = _planners()
     os.makedirs(path, exist_ok=True)
-    state, _ = _logical_state(par)
-    dcp.save(state, checkpoint_id=path)
-    return {"path": path, "tensors": len(state), "plan": par.plan.describe()}
+    # sync_files=False: the state directories are scratch (tmpfs) or the user's own path,
+    # where the OS writes back in its own time; fsync per file costs more than the write.
+    dcp.save(state, storage_writer=FileSystemWriter(path, single_file_per_rank=True, sync_files=False,
+                                                    thread_count=1),
+             planner=save_planner())
 
 
-def load(par: Parallelized, path: str) -> dict[str, Any]:
-    """Read `path` into the current layout in place; a collective over all ranks."""
+def read(state: dict, path: str) -> None:
+    """DCP load into the tensors of `state`, in place (a collective)."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
 
-    from .parallel.tp import permute
+    _, load_planner = _planners()
+    dcp.load(state, storage_reader=FileSystemReader(path), planner=load_planner())
 
-    state, live = _logical_state(par)
-    dcp.load(state, checkpoint_id=path)
-    with torch.no_grad():
-        for name, target in live.items():
-            full = permute(state[name], *par.perms[name])
-            if hasattr(target, "device_mesh"):
-                from torch.distributed.tensor import distribute_tensor
 
-                local = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
-                target.to_local().copy_(local.to_local())
-            else:
-                target.copy_(full)
-    if dist.is_initialized():
-        dist.barrier()
-    return {"path": path, "tensors": len(state), "plan": par.plan.describe()}
+def saved_keys(path: str) -> dict[str, tuple[int, ...] | None]:
+    """Key -> global shape (None for non-tensor entries) of a state directory, from its metadata."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    md = FileSystemReader(path).read_metadata()
+    return {k: tuple(v.size) if isinstance(v, TensorStorageMetadata) else None
+            for k, v in md.state_dict_metadata.items()}
+
+
+def problems(par: Parallelized, path: str) -> list[str]:
+    """Why the model state at `path` does not fit this model (same answer on every rank)."""
+    if not os.path.isfile(os.path.join(path, ".metadata")):
+        return [f"{path} is not a torch.distributed.checkpoint directory (no .metadata)"]
+    saved = {k[len("model."):]: v for k, v in saved_keys(path).items() if k.startswith("model.")}
+    expected: dict[str, tuple[int, ...]] = {}
+    for name, t in par.raw.state_dict().items():  # every stage's names: meta tensors carry shapes
+        expected.setdefault(par.canonical(name), tuple(t.shape))
+    out = [f"{n}: missing from the checkpoint (model has {list(s)})" for n, s in expected.items() if n not in saved]
+    out += [f"{n}: checkpoint has {list(saved[n])}, model has {list(s)}" for n, s in expected.items()
+            if n in saved and saved[n] != s]
+    out += [f"{n}: in the checkpoint ({list(s or [])}), not in the model" for n, s in saved.items() if n not in expected]
+    return out
+
+
+# ---- save / load -------------------------------------------------------------------------------
+def save(par: Parallelized, optimizer, path: str, step: int) -> dict[str, Any]:
+    """Write weights, optimizer state (once it has stepped) and step under `path`; a collective."""
+    state, _, _ = live_state(par, optimizer, with_optim=bool(optimizer.state))
+    state["train.step"] = int(step)
+    write(state, path)
+    return _info(par, path, state)
+
+
+def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
+    return {"path": path, "tensors": sum(k.startswith("model.") for k in state),
+            "optimizer": any(k.startswith("optim.") for k in state), "step": int(state["train.step"]),
+            "plan": par.plan.describe()}
+
+
+def load(par: Parallelized, optimizer, path: str, *, check: bool = True) -> dict[str, Any]:
+    """Read `path` into the current layout and optimizer, in place; a collective.
+
+    Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
+    model. Without optimizer state in `path` the optimizer is left fresh (the caller makes a
+    new one). Returns {path, tensors, optimizer, step, plan}.
+    """
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    if check:
+        found = problems(par, path)
+        if found:
+            raise CheckpointMismatch(path, found)
+    with_optim = any(k.startswith("optim.") for k in saved_keys(path))
+    state, model_sd, optim_sd = live_state(par, optimizer, with_optim=with_optim)
+    state["train.step"] = 0
+    read(state, path)
+    if with_optim:
+        set_state_dict(par.raw, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                       options=_options())
+    else:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(par.raw, model_sd, options=_options())
+    return _info(par, path, state)
+
+
+# ---- snapshots ---------------------------------------------------------------------------------
+def snapshot_dirs(folder: str) -> list[str]:
+    """Complete snapshots under `folder`, oldest first."""
+    if not os.path.isdir(folder):
+        return []
+    names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
+    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n, ".metadata"))]
+
+
+def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
+    """A new generation under `folder` (a collective); the older ones go once it is complete."""
+    path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
+    save(par, optimizer, path, step)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        for old in os.listdir(folder):
+            if old.startswith(SNAPSHOT_PREFIX) and os.path.join(folder, old) != path:
+                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+    return path
+
+
+def latest_snapshot(folder: str) -> str | None:
+    found = snapshot_dirs(folder)
+    return found[-1] if found else None

@@ -1,9 +1,12 @@
-"""Build a transformers causal LM from a ModelSpec, with seeded, plan-independent weights.
+"""Build a transformers causal LM from a ModelSpec: on the meta device, or whole.
 
-Owns turning a spec (preset config dict or local directory) into an nn.Module. Knows
-nothing of meshes or parallel styles, nor of where things live inside the model
-(plan.models.FAMILIES says that): the same seed gives the same weights on every rank and
-in the single-process reference.
+Owns turning a spec (preset config dict or local directory) into an nn.Module. The
+runtime builds on the meta device (`build_meta`: no storage at all) and lets
+runtime.parallelize materialize each rank's shards (runtime.initialize fills them);
+`build_model` is the whole model with transformers' own initialization or weights, for
+code that wants a plain model in this process (tests, the exported directory of a test
+model). Knows nothing of meshes or parallel styles, nor of where things live inside
+the model (plan.models.FAMILIES says that).
 """
 from __future__ import annotations
 
@@ -23,6 +26,16 @@ def make_config(spec: ModelSpec):
     # for code paths (ring attention) that need the raw scores.
     config._attn_implementation = "sdpa"
     return config
+
+
+def build_meta(spec: ModelSpec) -> nn.Module:
+    """The model's modules with every parameter and buffer on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(make_config(spec), dtype=torch.float32)
+    model.config.use_cache = False
+    return model
 
 
 def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cpu") -> nn.Module:

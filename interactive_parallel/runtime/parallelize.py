@@ -1,15 +1,20 @@
-"""Compose the parallelisms of a Plan onto a model, in one fixed order.
+"""Compose the parallelisms of a Plan onto a model, in one fixed order, torchtitan's way.
 
-Owns the order, nothing else: pipeline split first (PP), then within each stage TP ->
-CP -> FSDP/DP, then the pipeline schedule over the wrapped stages; each step is one
-apply_<x> from runtime/parallel/<x>.py on a mesh from runtime.mesh. Weights are built
-full on every rank from the seed (or a full state dict) and each parallelism keeps its
-own slice without communication, so "materialise" is the build itself: fine for the
-models this package trains on CPU; a meta-device build would go here for large ones.
-Knows nothing of model families (the apply_<x> read plan.models.FAMILIES), of training,
-of ipyparallel or of the client. Parallelized, the handle it returns, is re-exported here.
+Owns the order, nothing else: build on the meta device, pipeline split first (PP), then
+within each stage TP -> CP -> activation recomputation -> FSDP/replicate, then give the
+rank's own modules real storage (`to_empty`) and fill only its local shards
+(runtime.initialize: seeded or read from the model's directory), then DDP and the
+pipeline schedule, which need real tensors. No rank ever holds a whole copy of a
+sharded model. With `materialize=False` the layout stays on meta tensors (no storage,
+no DDP, no schedule): the same code answers "what would each rank hold" for a model
+far larger than the machine. Each step is one apply_<x> from runtime/parallel/<x>.py on
+a mesh from runtime.mesh. Knows nothing of model families (the apply_<x> read
+plan.models.FAMILIES), of training, of ipyparallel or of the client. Parallelized, the
+handle it returns, is re-exported here.
 """
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.distributed as dist
@@ -17,32 +22,33 @@ from torch import nn
 
 from ..plan import MeshAxis, ModelSpec, Plan, mesh_coords
 from .mesh import build_mesh, data_parallel_meshes, tie_group
-from .models import build_model
+from .models import build_meta
 from .parallel.pp import StageModule
 from .parallelized import Parallelized
 
-__all__ = ["Parallelized", "parallelize"]
+__all__ = ["Parallelized", "parallelize", "materialize"]
+
+FILLS = ("seed", "none")
 
 
-def parallelize(spec: ModelSpec, plan: Plan, *, state_dict: dict | None = None,
-                device: torch.device | str = "cpu") -> Parallelized:
-    """The model of `spec` laid out under `plan` on this rank, weights from `state_dict`
-    (full tensors) or from the plan's seed.
+def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cpu", materialize: bool = True,
+                fill: str = "seed") -> Parallelized:
+    """The model of `spec` laid out under `plan` on this rank.
 
-    Each parallelism is imported where it is applied: tensor parallel and pipelining cost
-    ~0.5 s each to import (measured), which plans without them need not pay.
+    fill: 'seed' gives the local shards their values (the plan's seed, or the spec's local
+    directory); 'none' leaves the storage uninitialized for a caller that loads a state
+    right after (runtime.checkpoint). Each parallelism is imported where it is applied:
+    tensor parallel and pipelining cost ~0.5 s each to import (measured), which plans
+    without them need not pay.
     """
+    if fill not in FILLS:
+        raise ValueError(f"fill {fill!r} is not one of {', '.join(FILLS)}")
     device = torch.device(device)
-    raw = build_model(spec, seed=plan.seed, device="cpu")
-    if state_dict is not None:
-        raw.load_state_dict(state_dict)
-    raw.to(device)
+    raw = build_meta(spec)
     rank = dist.get_rank() if dist.is_initialized() else 0
     mesh = build_mesh(plan, device.type)
     par = Parallelized(plan=plan, spec=spec, model=raw, raw=raw, mesh=mesh, device=device,
-                       coords=dict(mesh_coords(rank, plan.mesh_shape)))
-    if mesh is None:
-        return par
+                       coords=dict(mesh_coords(rank, plan.mesh_shape)), aliases=tied_aliases(raw))
     roots: list[nn.Module] = [raw]
     layer_ids = list(range(spec.num_layers))
     if plan.pp > 1:  # 1. pipeline split: this rank's stages
@@ -59,28 +65,76 @@ def parallelize(spec: ModelSpec, plan: Plan, *, state_dict: dict | None = None,
 
         apply_cp(raw, mesh["cp"], spec)
         par.cp_model = roots[0] = StageModule(raw, spec, layer_ids, True, True)
-    par.tie_group = tie_group(plan, spec.tied_embeddings, rank)
-    par.model = _apply_data_parallel(par, roots)  # 4. FSDP / HSDP / DDP / replicate
-    if plan.pp > 1:  # 5. the schedule over the (now wrapped) stage modules
+    if plan.recompute != "none":  # 4. activation recomputation per decoder layer
+        from .parallel.ac import apply_ac
+
+        layers = raw.get_submodule(spec.family_info.layers_path)
+        apply_ac([layers[i] for i in layer_ids], plan.recompute)
+    par.tie_group = tie_group(plan, spec.tied_embeddings, rank) if mesh is not None else None
+    par.model = _apply_sharding(par, roots)  # 5. FSDP / HSDP / replicate, on meta tensors
+    if not materialize:
+        return par
+    _materialize(par, roots, fill)  # 6. storage for this rank's shards only, and their values
+    if mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:  # 7. DDP needs real tensors
+        from .parallel.dp import apply_dp
+
+        par.model = apply_dp(raw, mesh, axis=MeshAxis.DP.value, device=device)
+    if plan.pp > 1:  # 8. the schedule over the (now wrapped) stage modules
         from .parallel.pp import apply_schedule
 
         par.schedule, par.schedule_key = apply_schedule(par.stages, plan, par.group(MeshAxis.PP), device)
     return par
 
 
-def _apply_data_parallel(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
+def tied_aliases(model: nn.Module) -> dict[str, str]:
+    """Every later name of a parameter registered under several names -> its first name."""
+    first: dict[int, str] = {}
+    out = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        canonical = first.setdefault(id(p), name)
+        if canonical != name:
+            out[name] = canonical
+    return out
+
+
+@contextlib.contextmanager
+def _swap_on_conversion():
+    """Module._apply swaps tensors in place of assigning new Parameters, so a tied embedding
+    and LM head stay one Parameter through `to_empty` (measured: they come apart otherwise),
+    and FSDP keeps the Parameter objects it registered."""
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        yield
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+
+
+def _materialize(par: Parallelized, roots: list[nn.Module], fill: str) -> None:
+    from .initialize import init_buffers, init_from_source, init_seeded
+
+    with _swap_on_conversion():
+        for root in roots:  # under PP only the stages' modules: the others stay on meta
+            root.to_empty(device=par.device)
+    if fill == "seed":
+        (init_from_source if par.spec.source else init_seeded)(par)
+    init_buffers(par, roots)
+
+
+def _apply_sharding(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
     """Gradient sync over dp, fsdp and cp; returns the module a forward is called on.
 
-    Pure dp gets DDP on the whole model; everything else gets FSDP2 (shard or HSDP mesh)
-    or FSDP2's `replicate` on each root (whole model, CP forward or pipeline stage), with
-    its decoder layers as their own units. With neither, the roots run as they are.
+    Pure dp gets DDP on the whole model after materializing (runtime.parallelize);
+    everything else gets FSDP2 (shard or HSDP mesh) or FSDP2's `replicate` on each root
+    (whole model, CP forward or pipeline stage), with its decoder layers as their own
+    units, here on meta tensors. With neither, the roots run as they are.
     """
-    from .parallel.dp import apply_dp, apply_replicate
+    from .parallel.dp import apply_replicate
     from .parallel.fsdp import apply_fsdp
 
     plan, mesh = par.plan, par.mesh
-    if plan.dp > 1 and plan.world_size == plan.dp:
-        return apply_dp(par.raw, mesh, axis=MeshAxis.DP.value, device=par.device)
+    if mesh is None or (plan.dp > 1 and plan.world_size == plan.dp):
+        return par.raw
     layers_path = par.spec.family_info.layers_path
     layer_lists = [list(r.layers) if isinstance(r, StageModule) else list(par.raw.get_submodule(layers_path))
                    for r in roots]

@@ -39,6 +39,9 @@ class Parallelized:
     """torch.distributed.pipelining schedule (None without PP)."""
     perms: dict = field(default_factory=dict)
     """Param name -> (dim, permutation) of its sharded logical layout (a fused q|k|v under TP)."""
+    aliases: dict = field(default_factory=dict)
+    """Second name of a tied weight -> its first name ('lm_head.weight' -> the embedding's), as
+    built: FSDP or a pipeline split may hold the two as separate tensors on a rank."""
     tie_group: Any = None
     """Ranks holding the tied embedding and LM head in different pipeline stages."""
     cp_model: Any = None
@@ -118,6 +121,9 @@ class Parallelized:
             if p.grad is not None:
                 g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 dist.all_reduce(g, group=self.tie_group)
+
+    def canonical(self, name: str) -> str:
+        return self.aliases.get(name, name)
 
     def owned_keys(self) -> list[str]:
         keys = list(self.raw.state_dict().keys())

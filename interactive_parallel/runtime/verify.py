@@ -2,10 +2,14 @@
 
 Owns the tolerances, the loss seen by the whole group (ranks that do not see it, like
 early pipeline stages, are left out of the mean), one forward/backward without an
-optimizer step on full gradients, and the comparison. The reference runs on every rank
-(same inputs, same deterministic CPU kernels, so every rank returns the same report);
-it is a full copy of the model, so this is for models that fit one rank. Knows nothing
-of how the plan is laid out: Parallelized gathers full weights and gradients.
+optimizer step, and the comparison. The reference is built on rank 0 only: every rank
+sends rank 0 its pieces of each weight and gradient (runtime.pieces: logical ranges, so
+any layout, TP permutation and pipeline split included), one tensor at a time, so no
+other rank ever holds a whole tensor of it and rank 0 holds the whole model once (the
+reference) plus the gathered gradients. Before anything moves, rank 0 compares what that
+needs with what its machine has; when it would not fit, every rank returns a report that
+says so with the numbers instead of trying. Rank 0 broadcasts the report: the same on
+every rank. Knows nothing of how the plan is laid out beyond what runtime.pieces gives.
 """
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import torch.distributed as dist
 
 from ..plan import Plan
 from ..records import ParamDiff, VerifyReport
-from .parallelize import parallelize
 from .parallelized import Parallelized
 from .train import forward_backward, local_batch
 
@@ -47,7 +50,8 @@ def zero_grads(par: Parallelized) -> None:
 
 
 def loss_and_grads(par: Parallelized, step: int) -> tuple[float, dict[str, torch.Tensor]]:
-    """Loss of the batch of `step` and full gradients, no optimizer step (a collective)."""
+    """Loss of the batch of `step` and full gradients on every rank, no optimizer step (a
+    collective). For tests of small models: verify() gathers on rank 0 only."""
     zero_grads(par)
     loss = global_loss(par, forward_backward(par, local_batch(par, step)))
     grads = par.full_grads()
@@ -60,11 +64,84 @@ def reference_plan(plan: Plan) -> Plan:
                 precision=plan.precision, lr=plan.lr, seed=plan.seed)
 
 
+def reference_bytes(par: Parallelized) -> int:
+    """What the reference needs on rank 0: its weights and gradients, the gathered gradients of
+    the plan and one gathered weight in flight (fp32), and its activations (plan/estimate)."""
+    from ..plan.estimate import predict_activations
+
+    n = sum(math.prod(t.shape) for t in par.raw.state_dict().values())
+    return int(4 * n * 3 + predict_activations(par.spec, reference_plan(par.plan), 0))
+
+
+def available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def gather_to_first(par: Parallelized, tensors: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+    """Full logical CPU tensors on rank 0 ({} elsewhere), one name at a time (a collective).
+
+    `tensors`: canonical name -> this rank's tensor (DTensor or plain); absent where the rank
+    holds none. Every rank passes the same `names`, in the same order.
+    """
+    from .pieces import pieces
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        t = tensors.get(name)
+        mine = [] if t is None else [(p.offsets, p.view.detach().to("cpu", copy=True))
+                                     for p in pieces(t, par.perms.get(name))]
+        shape = None if t is None else tuple(t.shape)
+        parts: list = [None] * world if rank == 0 else None
+        if world > 1:
+            dist.gather_object((shape, mine), parts, dst=0)
+        else:
+            parts = [(shape, mine)]
+        if rank != 0:
+            continue
+        full_shape = next((s for s, _ in parts if s is not None), None)
+        if full_shape is None:
+            continue
+        full = torch.empty(full_shape)
+        for _, held in parts:
+            for offsets, data in held:
+                full[tuple(slice(o, o + n) for o, n in zip(offsets, data.shape))] = data
+        out[name] = full
+    return out
+
+
+def _names(par: Parallelized) -> list[str]:
+    """Every parameter's canonical name, the same list on every rank (meta ones included)."""
+    return list(dict.fromkeys(par.canonical(n) for n, _ in par.raw.named_parameters(remove_duplicate=False)))
+
+
+def _held(par: Parallelized, grads: bool) -> dict[str, torch.Tensor]:
+    from .initialize import owned_parameters
+
+    out = {}
+    for name, p in owned_parameters(par).items():
+        t = p.grad if grads else p
+        if t is not None:
+            out[name] = t
+    return out
+
+
 def reference_loss_and_grads(par: Parallelized, weights: dict, step: int) -> tuple[float, dict]:
-    """Same computation in this process alone, on a plain copy of the model."""
-    ref = parallelize(par.spec, reference_plan(par.plan), state_dict=weights, device=par.device)
+    """The same computation in this process alone, on a plain copy of the model."""
+    from .initialize import owned_parameters
+    from .parallelize import parallelize
+
+    ref = parallelize(par.spec, reference_plan(par.plan), device=par.device, fill="none")
+    with torch.no_grad():
+        for name, p in owned_parameters(ref).items():
+            p.copy_(weights.pop(name))
     loss = forward_backward(ref, local_batch(ref, step))
-    grads = {n: p.grad.detach().to("cpu") for n, p in ref.raw.named_parameters() if p.grad is not None}
+    grads = {n: p.grad.detach().to("cpu") for n, p in owned_parameters(ref).items() if p.grad is not None}
     return loss, grads
 
 
@@ -86,11 +163,47 @@ def compare(loss_ref: float, loss_par: float, grads_ref: dict, grads_par: dict, 
                         max_grad_diff=worst, params=params)
 
 
-def verify(par: Parallelized, step: int = 0) -> VerifyReport:
+def _broadcast(report: VerifyReport | None) -> VerifyReport:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return report
+    box = [report]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _fits(par: Parallelized, limit_bytes: int | None) -> str:
+    """'' when rank 0 can build the reference, else why not with the numbers (the same on every rank)."""
+    note = ""
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        need, have = reference_bytes(par), available_bytes(par.device)
+        if limit_bytes is not None:
+            have = min(have, int(limit_bytes))
+        if need > have:
+            note = (f"the one-process reference needs ~{need / 2**20:,.0f} MiB on rank 0 (weights, gradients, "
+                    f"gathered gradients, activations) and rank 0 has {have / 2**20:,.0f} MiB available")
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [note]
+        dist.broadcast_object_list(box, src=0)
+        note = box[0]
+    return note
+
+
+def verify(par: Parallelized, step: int = 0, *, limit_bytes: int | None = None) -> VerifyReport:
     """Loss and every gradient of the plan vs one process, on the batch of `step` (a collective)."""
-    weights = par.full_state_dict()
-    loss_par, grads_par = loss_and_grads(par, step)
-    loss_ref, grads_ref = reference_loss_and_grads(par, weights, step)
-    report = compare(loss_ref, loss_par, grads_ref, grads_par, par.plan.precision)
-    report.plan = par.plan.describe()
-    return report
+    tol = TOLERANCE.get(par.plan.precision, TOLERANCE["fp32"])
+    note = _fits(par, limit_bytes)
+    if note:
+        return VerifyReport(ok=False, tolerance=dict(tol), loss_ref=math.nan, loss_par=math.nan, dloss=math.nan,
+                            max_grad_diff=math.nan, plan=par.plan.describe(), note=note)
+    names = _names(par)
+    zero_grads(par)
+    loss_par = global_loss(par, forward_backward(par, local_batch(par, step)))
+    grads_par = gather_to_first(par, _held(par, grads=True), names)
+    zero_grads(par)
+    weights = gather_to_first(par, _held(par, grads=False), names)
+    report = None
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        loss_ref, grads_ref = reference_loss_and_grads(par, weights, step)
+        report = compare(loss_ref, loss_par, grads_ref, grads_par, par.plan.precision)
+        report.plan = par.plan.describe()
+    return _broadcast(report)
