@@ -25,6 +25,11 @@ PEER_GRACE_S = 0.2
 """After one rank failed, how long to wait for its peers' errors (they help) before raising."""
 
 
+def _died(ar) -> bool:
+    """The task failed because its engine died (ipyparallel's EngineError), not by raising."""
+    return type(ar.exception()).__name__ == "EngineError"
+
+
 def _consume(fut: asyncio.Future) -> None:
     if not fut.cancelled():
         fut.exception()  # retrieved: no "exception never retrieved" when nobody awaits it
@@ -145,7 +150,8 @@ class RankCaller:
                 await asyncio.wait(self._wrap(running), timeout=PEER_GRACE_S)
             failed += [(r, ar) for r, ar in running if ar.done() and ar.exception() is not None]
             self.pending = [(r, ar) for r, ar in running if not ar.done()]
-            self._raise_for(sorted(failed, key=lambda x: x[0]), what)
+            # A rank whose engine died comes first: its peers' errors (a reset connection) follow from it.
+            self._raise_for(sorted(failed, key=lambda x: (not _died(x[1]), x[0])), what)
         if running:
             self.pending = running
             raise RankTimeout(what, timeout, [r for r, _ in running])

@@ -1,12 +1,15 @@
 """The model as the client knows it, and every action on it: load, lay out, train, generate,
 serve, quantize, verify, checkpoints, export, layout, probes and debug mode.
 
-Owns the client's view of the model (spec, plan, debug mode, quantization), the checks that refuse bad
-input before any rank is touched, and turning the ranks' streamed records into steps (a
-step is complete when every rank has reported it) that land in the telemetry store and reach
-`on_step` while the ranks keep going. It is the rank set's Relayout hook: after a re-formed
-process group it lays the model out again. Knows nothing of pools, engines or widgets; the
-rank set carries its calls.
+Owns the client's view of the model (spec, plan, debug mode, quantization), the checks that
+refuse bad input before any rank is touched (a plan, a model too large for the ranks'
+machines, a checkpoint of another model), the session's scratch directory through which
+the ranks move state (re-plans, snapshots every `snapshot_every` steps), and turning the
+ranks' streamed records into steps (a step is complete when every rank has reported it)
+that land in the telemetry store and reach `on_step` while the ranks keep going. It is the
+rank set's Relayout hook: around a re-formed process group it has the ranks keep their
+shards and, when ranks were replaced, restores the newest snapshot. Knows nothing of
+pools, engines or widgets; the rank set carries its calls.
 """
 from __future__ import annotations
 
@@ -24,10 +27,32 @@ from ..records import (DecodeStep, RecordList, Request, RequestRecord, ServeResu
 from ..runtime import api
 from .errors import SessionError
 from .rankset import RankSet
+from .scratch import Scratch
 from .telemetry import STEP_COLUMNS, Telemetry
 
 MANIFEST = "interactive_parallel.json"
 TRAINING_KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision")
+SNAPSHOT_EVERY = 10
+"""Default steps between recovery snapshots (bench/bench_state.py: a snapshot of tiny-llama's
+weights and AdamW state costs about one to two training steps; every 10 steps that is
+~10-20 % of training time, and a failure loses at most 9 steps)."""
+
+
+class MemoryRefused(SessionError):
+    """A plan or model predicted not to fit the ranks' machines; `problems` has the numbers."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("refused before loading: predicted memory exceeds what the ranks have:\n  - "
+                         + "\n  - ".join(self.problems))
+
+
+class CheckpointError(SessionError):
+    """A checkpoint that does not fit the loaded model; `problems` names the parameters."""
+
+    def __init__(self, message: str, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(f"{message}:\n  - " + "\n  - ".join(self.problems))
 
 
 @dataclass
@@ -43,6 +68,12 @@ class ModelOps:
     """The torchao scheme the ranks' model is quantized with (None: full precision)."""
     stop: threading.Event = field(default_factory=threading.Event)
     """Set by interrupt(): the running train/generate stops at the ranks' next boundary."""
+    scratch: Scratch = field(default_factory=Scratch)
+    """Where the ranks move state through files (re-plans, snapshots)."""
+    snapshot_every: int = SNAPSHOT_EVERY
+    """Steps between recovery snapshots during train (0: none)."""
+    restored: dict = field(default_factory=dict)
+    """How the last lay-out got its state: {'state': 'seed'|'carried'|'kept'|'snapshot', 'step'}."""
     _kept: list[bool] = field(default_factory=list)
 
     # ---- checks (no rank touched) ---------------------------------------------------------------
@@ -70,6 +101,27 @@ class ModelOps:
         if self.spec is None or self.plan is None:
             raise SessionError("no model laid out: call load_model(...) and apply(Plan(...)) first")
         return self.plan
+
+    def scratch_dir(self) -> str:
+        """The scratch directory's path for the ranks; refused when they run on several hosts
+        and the directory is this host's own (they could not read each other's files)."""
+        hosts = {r.get("host") for r in self.ranks.info}
+        if len(hosts) > 1 and not self.scratch.given:
+            raise SessionError(f"the ranks run on {len(hosts)} hosts ({', '.join(sorted(map(str, hosts)))}): "
+                               "moving state between plans and snapshots needs a directory they all read; "
+                               "pass Session(state_dir=<shared path>)")
+        return self.scratch.path
+
+    async def check_fits(self, spec: ModelSpec, plan: Plan) -> None:
+        """Refuse (MemoryRefused, naming predicted and available bytes) a layout predicted not to
+        fit the ranks' machines; asks the ranks what is free (changing nothing)."""
+        from ..plan.fit import memory_problems
+
+        facts = await self.ranks.call(api.host_memory, what="memory check")
+        current = (self.spec, self.plan) if self.spec is not None and self.plan is not None else None
+        problems = memory_problems(spec, plan, facts, current)
+        if problems:
+            raise MemoryRefused(problems)
 
     def check_debug_plan(self, plan: Plan | None, turning_on: bool = False) -> None:
         """DDP segfaults the engines when its group is a DETAIL debug wrapper (measured, torch
@@ -135,13 +187,15 @@ class ModelOps:
         if self.plan is not None:
             check(self.plan, self.ranks.world_size, spec)
         await self.ranks.require()
+        if self.plan is not None:
+            await self.check_fits(spec, self.plan)
         await self.ranks.call(api.load_model, (spec,), what="load_model")
         self.spec = spec
         self.quantization = None
         self.telemetry.keep_quantization([])
         self.telemetry.plan_changed()
         if self.plan is not None:
-            await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+            self.restored = (await self.ranks.call(api.apply_plan, (self.plan,), what="apply"))[0]
         return spec
 
     async def apply(self, plan: Plan, keep_quantization: bool = False) -> Plan:
@@ -151,9 +205,11 @@ class ModelOps:
         scheme = self.quantization if keep_quantization else None
         if scheme is not None:
             self.check_quantization(scheme, plan, spec)
+        scratch = self.scratch_dir() if self.plan is not None else None
         await self.ranks.require()
-        await self.ranks.call(api.apply_plan, (plan,), what="apply")
-        self.plan = plan
+        await self.check_fits(spec, plan)
+        infos = await self.ranks.call(api.apply_plan, (plan, scratch), what="apply")
+        self.plan, self.restored = plan, infos[0]
         self.telemetry.plan_changed()
         await self._after_full_precision(scheme)
         return plan
@@ -167,11 +223,15 @@ class ModelOps:
 
     # ---- long calls ---------------------------------------------------------------------------------
     async def train(self, steps: int, on_step: Callable[[list[StepRecord]], None] | None = None,
-                    **knobs: Any) -> RecordList:
+                    snapshot_every: int | None = None, **knobs: Any) -> RecordList:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
             raise ValueError(f"steps({steps}) must be a whole number >= 0")
+        every = self.snapshot_every if snapshot_every is None else snapshot_every
+        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
+            raise ValueError(f"snapshot_every({every}) must be a whole number >= 0")
         self.require_model()
         self.refuse_quantized("train")
+        scratch = self.scratch_dir() if every else None
         self.stop.clear()
         base = self.plan or self.default_plan()
         plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
@@ -201,7 +261,7 @@ class ModelOps:
                 del waiting[rec.step]
 
         try:
-            await self.ranks.stream(api.train, (steps,), on_item, what="train", stop=self.stop)
+            await self.ranks.stream(api.train, (steps, every, scratch), on_item, what="train", stop=self.stop)
         finally:
             for step in sorted(waiting):  # a failed run: keep what the ranks did report
                 complete([waiting[step][r] for r in sorted(waiting[step])])
@@ -314,12 +374,12 @@ class ModelOps:
         if flag:
             self.check_debug_plan(self.plan, turning_on=True)
         await self.ranks.require()
-        await self.ranks.call(api.set_debug, (bool(flag),), what="set_debug",
-                              timeout=self.ranks.collective_timeout + 10)
+        await self.ranks.call(api.keep_local, what="set_debug")
+        await self.ranks.call(api.set_debug, (bool(flag),), what="set_debug")
         await self.ranks.form_group()
-        await self.ranks.call(api.restore_debug_carry, what="set_debug")
         if self.spec is not None and self.plan is not None:
-            await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+            infos = await self.ranks.call(api.apply_plan, (self.plan, None, "kept"), what="apply")
+            self.restored = infos[0]
         self.debug = bool(flag)
 
     # ---- files ---------------------------------------------------------------------------------------
@@ -329,8 +389,9 @@ class ModelOps:
         path = os.path.abspath(path)  # the ranks' working directory is not ours
         os.makedirs(path, exist_ok=True)
         await self.ranks.require()
-        info = await self.ranks.call(api.save_checkpoint, (path,), what="save")
-        manifest = {"model": dataclasses.asdict(self.spec), "plan": plan.to_dict(), "tensors": info[0].get("tensors")}
+        info = (await self.ranks.call(api.save_checkpoint, (path,), what="save"))[0]
+        manifest = {"model": dataclasses.asdict(self.spec), "plan": plan.to_dict(), "tensors": info.get("tensors"),
+                    "optimizer": info.get("optimizer"), "step": info.get("step")}
         with open(os.path.join(path, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
         return path
@@ -342,26 +403,40 @@ class ModelOps:
             raise FileNotFoundError(f"{path} holds no checkpoint of this package ({MANIFEST} missing)")
         with open(manifest_path) as f:
             saved = json.load(f)["model"]
-        if self.spec is not None and saved.get("config") != self.spec.config:
-            raise SessionError(f"checkpoint {path} is of model {saved.get('name')!r}, not the loaded "
-                               f"{self.spec.name!r}: load_model the same model first")
+        spec = self.require_model()
         self.require_layout()
         scheme = self.quantization if keep_quantization else None
+        if saved.get("config") != spec.config:
+            from ..plan.estimate import param_inventory, parameter_mismatches
+
+            theirs = {p.name: p.shape for p in param_inventory(ModelSpec(**saved))}
+            ours = {p.name: p.shape for p in param_inventory(spec)}
+            raise CheckpointError(f"checkpoint {path} is of model {saved.get('name')!r}, not the loaded "
+                                  f"{spec.name!r} (load_model the same model first)",
+                                  parameter_mismatches(ours, theirs) or ["same parameters, another config"])
         await self.ranks.require()
+        problems = (await self.ranks.call(api.checkpoint_problems, (path,), ranks=[0], what="load"))[0]
+        if problems:
+            raise CheckpointError(f"checkpoint {path} does not fit the loaded {spec.name!r}", problems)
         await self.ranks.call(api.load_checkpoint, (path,), what="load")
         await self._after_full_precision(scheme)
         return path
 
-    def export_script(self, path: str, steps: int) -> str:
+    async def export_script(self, path: str, steps: int) -> str:
+        """The script at `path`, and beside it (`<name>_state/`) the ranks' current weights,
+        optimizer state and step, from which the script resumes."""
         from ..runtime.export import script_text
 
         plan = self.require_layout()
         per_host: dict[str, int] = {}
         for info in self.ranks.info:
             per_host[info["host"]] = per_host.get(info["host"], 0) + 1
-        text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout,
-                           per_host=list(per_host.values()))
         path = os.path.abspath(path)
+        state = os.path.splitext(path)[0] + "_state"
+        text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout,
+                           per_host=list(per_host.values()),
+                           state_dir=os.path.basename(state))  # refuses bad steps before the ranks save
+        await self.save(state)
         with open(path, "w") as f:
             f.write(text)
         os.chmod(path, 0o755)
@@ -369,18 +444,28 @@ class ModelOps:
 
     # ---- Relayout: around a re-formed process group -------------------------------------------------
     async def before_reform(self, survivors: list[int]) -> None:
-        self._kept = await self.ranks.call(api.snapshot_local, ranks=survivors, what="recover")
+        """Each surviving rank keeps its own shards (no copy): enough when no rank is replaced."""
+        self._kept = await self.ranks.call(api.keep_local, ranks=survivors, what="recover") if survivors else []
 
-    async def after_reform(self) -> None:
+    async def after_reform(self, replaced: bool) -> None:
+        """Lay the model out again: from the kept shards when every rank is the one it was,
+        else from the newest snapshot (the seed, with a warning, when there is none)."""
         if self.spec is None or self.plan is None:
             return
-        shared = all(await self.ranks.call(api.share_carry, (0,), what="recover")) and all(self._kept)
-        if not shared:
+        kept = not replaced and self._kept and all(self._kept)
+        restore = "kept" if kept else "snapshot"
+        scratch = self.scratch_dir() if restore == "snapshot" and self.scratch.created else None
+        await self.ranks.call(api.load_model, (self.spec,), what="load_model")
+        infos = await self.ranks.call(api.apply_plan, (self.plan, scratch, restore), what="apply")
+        self.restored = infos[0]
+        if self.restored.get("state") == "seed":
             import warnings
 
-            warnings.warn("the failure left no whole copy of the weights; the model restarts from its seed")
-        await self.ranks.call(api.load_model, (self.spec,), what="load_model")
-        await self.ranks.call(api.apply_plan, (self.plan,), what="apply")
+            warnings.warn("no snapshot of the training state survived the failure: the model restarts from its "
+                          "seed (snapshots are taken every snapshot_every steps of train)")
         self.telemetry.plan_changed()
         if self.quantization is not None:  # the ranks rebuilt it in full precision
             await self.ranks.call(api.quantize, (self.quantization,), what="quantize")
+
+    def close(self) -> None:
+        self.scratch.close()

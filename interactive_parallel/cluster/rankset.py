@@ -45,10 +45,12 @@ class Relayout(Protocol):
     """What a rank set calls around a re-formed process group (the model's owner implements it)."""
 
     async def before_reform(self, survivors: list[int]) -> None:
-        """While the old group still stands on `survivors`: keep what should outlive it."""
+        """On the ranks that are alive and idle (`survivors`), before the group is re-formed:
+        keep what should outlive it."""
 
-    async def after_reform(self) -> None:
-        """On the new group (replacement ranks included): lay the model out again."""
+    async def after_reform(self, replaced: bool) -> None:
+        """On the new group: lay the model out again. `replaced`: some ranks are new processes
+        (or ranks were renumbered), so what the survivors kept does not cover them."""
 
 
 @dataclass
@@ -204,9 +206,10 @@ class RankSet:
         if self.running is not None:
             raise SessionError("the ranks are busy with a running call (train/generate): interrupt() it "
                                "or wait for it to finish")
-        if self.caller.pending:
+        if self.caller.pending and not (self.pool.owned and self.dead_ranks()):
             # Peers of a failed rank leave their collective within the collective timeout; a rank
-            # still busy after that (and a margin) is hung: a pool we own replaces it.
+            # still busy after that (and a margin) is hung: a pool we own replaces it. (When a
+            # rank died, recover replaces its stuck peers at once instead of waiting.)
             stuck = await self.caller.drain(self.collective_timeout + STUCK_MARGIN_S)
             if stuck:
                 if not self.pool.owned:
@@ -344,21 +347,28 @@ class RankSet:
 
     async def recover(self, replace: int = 0) -> None:
         """After a failure that may have left collectives half-done, or a dead rank: a fresh
-        process group (with `replace` new engines), the model laid out again by the relayout hook."""
+        process group (with new engines for dead ones and, in a pool we own, for survivors still
+        stuck in the failed call: gloo cannot abort them), the model laid out again by the
+        relayout hook."""
         self.dirty = False
         dead = set(self.dead_ranks())
+        stuck = sorted({r for r, ar in self.caller.pending if not ar.done()} - dead)
+        if dead and stuck and self.pool.owned:
+            await self._kill([self.info[r]["pid"] for r in stuck])
+            dead |= set(stuck)
+            replace += len(stuck)
+        self.caller.pending = []
         survivors = [r for r in range(self.world_size) if r not in dead]
         if self.relayout is not None:
             await self.relayout.before_reform(survivors)
         if replace or dead:
-            self.caller.pending = []
             if replace:
                 self.pool.add_engines(replace, timeout=self.timeout)
             await self.connect(expected=None)
         else:
             await self.form_group()
         if self.relayout is not None:
-            await self.relayout.after_reform()
+            await self.relayout.after_reform(bool(replace or dead))
 
     async def restart(self) -> None:
         """Replace dead ranks (local pool) or pick up the engines now in the cluster (attached)."""

@@ -19,7 +19,7 @@ from ..plan import ModelSpec, Plan
 from ..records import (DecodeStep, FaultSpec, RecordList, RequestRecord, ServeResult, StepRecord, TokenRecord,
                        VerifyReport)
 from .errors import SessionError
-from .model_ops import ModelOps
+from .model_ops import SNAPSHOT_EVERY, ModelOps
 from .pool import AttachedPool, LocalPool, Pool
 from .rankset import CLOCK_COLUMNS, RankSet
 from .telemetry import MEMORY_COLUMNS, Telemetry
@@ -46,12 +46,16 @@ class Session:
 
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
                  timeout: float = 120.0, collective_timeout: float = 60.0, interface: str | None = None,
-                 _pool: Pool | None = None):
+                 snapshot_every: int = SNAPSHOT_EVERY, state_dir: str | None = None, _pool: Pool | None = None):
         """A local pool of `ranks` engines (every socket on 127.0.0.1), or the attached one.
 
         `interface`: the network interface (e.g. 'eth0') the process group's store and gloo /
         NCCL sockets bind to on every rank; by default loopback on one host and, across hosts,
-        the interface rank 0 reaches the ipyparallel controller through.
+        the interface rank 0 reaches the ipyparallel controller through. `snapshot_every`: steps
+        of train() between snapshots of weights and optimizer state, from which the session
+        resumes after a rank dies (0: none). `state_dir`: where the ranks move state through
+        files (re-plans, snapshots); default a directory on this host's tmpfs, removed at stop;
+        ranks on several hosts need a path they all share.
         """
         if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
             raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
@@ -59,10 +63,14 @@ class Session:
             raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
         if interface is not None and (not isinstance(interface, str) or not interface.strip()):
             raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
+        if not isinstance(snapshot_every, int) or isinstance(snapshot_every, bool) or snapshot_every < 0:
+            raise ValueError(f"snapshot_every({snapshot_every}) must be a whole number >= 0")
+        from .scratch import Scratch
+
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
                              collective_timeout=collective_timeout, interface=interface)
         self.telemetry = Telemetry(clock=self.ranks.clock_offsets)
-        self.model = ModelOps(self.ranks, self.telemetry)
+        self.model = ModelOps(self.ranks, self.telemetry, scratch=Scratch(state_dir), snapshot_every=snapshot_every)
         self.ranks.relayout = self.model
         try:
             self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout)
@@ -121,6 +129,7 @@ class Session:
         """Release the ranks: tear down the process group and, for a pool this session started,
         stop every engine and the controller and delete their files."""
         self.ranks.stop()
+        self.model.close()
         _LIVE.discard(self)
 
     close = stop
@@ -181,13 +190,16 @@ class Session:
         return self.model.check_plan(plan)
 
     async def apply_async(self, plan: Plan, *, keep_quantization: bool = False) -> Plan:
-        """Lay the model out under `plan` on the live ranks; the weights carry over, in full
-        precision (a quantized model is quantized again under the new plan with keep_quantization)."""
+        """Lay the model out under `plan` on the live ranks; weights, optimizer state and step carry
+        over (through torch.distributed.checkpoint: no rank holds a whole copy), in full precision
+        (a quantized model is quantized again under the new plan with keep_quantization). A plan
+        predicted not to fit the ranks' memory is refused first, naming predicted and available bytes."""
         return await self.model.apply(plan, keep_quantization)
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
-                          on_step: Callable[[list[StepRecord]], None] | None = None) -> RecordList:
+                          on_step: Callable[[list[StepRecord]], None] | None = None,
+                          snapshot_every: int | None = None) -> RecordList:
         """Run `steps` optimizer steps in one call to the ranks; every rank's StepRecords (also in
         .history), each carrying the memory, comms and compute intervals the probes measured.
 
@@ -195,8 +207,10 @@ class Session:
         completes on every rank. Keyword overrides (batch_size, seq_len, grad_accum, lr, precision)
         change the plan's training knobs, validated before any rank is touched. `interrupt()`
         ends every rank at the same step boundary. A rank that raises gives a RankError naming
-        it; the steps done before it are kept."""
-        return await self.model.train(steps, on_step, batch_size=batch_size, seq_len=seq_len,
+        it; the steps done before it are kept. Every `snapshot_every` steps (default: the
+        session's) the ranks snapshot weights and optimizer state: after a rank dies, the next
+        call resumes from the newest snapshot."""
+        return await self.model.train(steps, on_step, snapshot_every, batch_size=batch_size, seq_len=seq_len,
                                       grad_accum=grad_accum, lr=lr, precision=precision)
 
     def interrupt(self) -> None:
@@ -280,18 +294,21 @@ class Session:
         return await self.model.verify()
 
     async def save_async(self, path: str) -> str:
-        """Write the model (each rank its own shards) with torch.distributed.checkpoint."""
+        """Write weights, optimizer state and step (each rank its own shards) with
+        torch.distributed.checkpoint."""
         return await self.model.save(path)
 
     async def load_async(self, path: str, *, keep_quantization: bool = False) -> str:
-        """Load weights saved under any plan into the current layout (resharded on load), in full
-        precision (keep_quantization=True quantizes them again with the current scheme)."""
+        """Load weights, optimizer state and step saved under any plan into the current layout
+        (resharded on load), in full precision (keep_quantization=True quantizes them again with
+        the current scheme). A checkpoint of another model is refused naming its parameters."""
         return await self.model.load(path, keep_quantization)
 
-    def export_script(self, path: str, steps: int = 10) -> str:
+    async def export_script_async(self, path: str, steps: int = 10) -> str:
         """Write a standalone `torchrun --nproc_per_node N` script that rebuilds this model,
-        plan and training settings from interactive_parallel.runtime (no ipyparallel)."""
-        return self.model.export_script(path, steps)
+        plan and training settings from interactive_parallel.runtime (no ipyparallel), and
+        beside it the current weights and optimizer state, from which the script resumes."""
+        return await self.model.export_script(path, steps)
 
     # ---- inside the ranks ----------------------------------------------------------------------------
     def memory(self) -> RecordList:
@@ -339,8 +356,8 @@ class Session:
     async def set_debug_async(self, flag: bool = True) -> None:
         """Re-form the process group with TORCH_DISTRIBUTED_DEBUG=DETAIL (or back to OFF): a
         collective whose shapes differ across ranks then raises an error naming the ranks, op
-        and shapes instead of aborting the engines. Slower collectives; the weights carry over,
-        the optimizer state and step count restart."""
+        and shapes instead of aborting the engines. Slower collectives; weights, optimizer state
+        and step carry over."""
         await self.model.set_debug(flag)
 
     def records(self) -> list:

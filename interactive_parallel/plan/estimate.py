@@ -142,23 +142,44 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
     return out
 
 
+def layer_activations(spec: ModelSpec, plan: Plan) -> tuple[float, float]:
+    """(floats saved per token by one decoder layer, floats it keeps until backward under the
+    plan's recomputation), fp32 elements, this rank's tp share.
+
+    Saved without recomputation: 16 hidden-wide tensors (norm inputs/outputs, q/k/v before
+    and after rotary, attention output, residuals) of which the attention and MLP parts split
+    under tp, plus 4 intermediate-wide ones (gate, its activation, up, the product) split
+    under tp. 'full' keeps only the layer's input. 'selective' keeps the input and the
+    outputs of matmuls, attention and collectives (runtime/parallel/ac.py): q, k, v, the
+    attention output, gate and up (split under tp), o and down (whole), and under tp the
+    all-reduced o and down.
+    """
+    h, i, tp = spec.hidden_size, spec.intermediate_size, plan.tp
+    saved = 6 * h + 10 * h / tp + 4 * i / tp
+    if plan.recompute == "full":
+        return saved, h
+    if plan.recompute == "selective":
+        return saved, 3 * h + 4 * h / tp + 2 * i / tp + (2 * h if tp > 1 else 0)
+    return saved, saved
+
+
 def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
     """Peak bytes of tensors saved for backward on `rank` (an estimate, see ACT_FACTOR).
 
-    Per decoder layer and token, fp32: 16 hidden-wide tensors (norm inputs/outputs, q/k/v
-    before and after rotary, attention output, residuals) of which the attention and MLP
-    parts split under tp, plus 4 intermediate-wide ones (gate, its activation, up, the
-    product) split under tp; the head saves its input, and the logits twice (they and the
-    log-softmax). Tokens in flight: this rank's micro-batch, its cp share of the sequence,
-    and under PP the microbatches a stage holds at once (GPipe: all; 1F1B: pp - stage).
+    Per decoder layer and token: layer_activations (what recomputation keeps, plus, when it
+    recomputes, one layer's full set live during its backward); the head saves its input,
+    and the logits twice (they and the log-softmax). Tokens in flight: this rank's
+    micro-batch, its cp share of the sequence, and under PP the microbatches a stage holds
+    at once (GPipe: all; 1F1B: pp - stage).
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = plan.batch_size // plan.data_parallel // plan.grad_accum
     tokens = rows * plan.seq_len // plan.cp
-    h, i, tp = spec.hidden_size, spec.intermediate_size, plan.tp
-    per_layer = 6 * h + 10 * h / tp + 4 * i / tp
+    h = spec.hidden_size
+    saved, kept = layer_activations(spec, plan)
     layers = spec.num_layers
     head = 0.0
+    one = tokens  # tokens of one forward: the recomputed layer's set is live for one at a time
     if plan.pp == 1:
         head = h + 2 * spec.vocab_size
     else:
@@ -167,8 +188,10 @@ def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
         head = h + 2 * spec.vocab_size if total - 1 in mine else 0.0
         m = plan.n_microbatches
         in_flight = m if plan.pp_schedule == "gpipe" else min(m, plan.pp - coords[MeshAxis.PP])
-        tokens = tokens // m * in_flight
-    return int(tokens * (layers * per_layer + head) * FP32)
+        one = tokens // m
+        tokens = one * in_flight
+    recomputed = saved - kept if layers else 0.0
+    return int((tokens * (layers * kept + head) + one * recomputed) * FP32)
 
 
 def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
@@ -204,8 +227,10 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
     the activations after each rowwise linear (forward) and the input gradient of each
     colwise linear (backward); PP sends activations forward and gradients backward per
-    microbatch; CP all-gathers K and V per layer and all-reduces their gradients. Sequence
-    parallel is not modelled (its traffic is counted as the plain TP all-reduces).
+    microbatch; CP all-gathers K and V per layer and all-reduces their gradients. Activation
+    recomputation repeats the forward collectives it does not save: TP's all-reduces under
+    'full', CP's gathers under both modes. Sequence parallel is not modelled (its traffic is
+    counted as the plain TP all-reduces).
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     acc, out = plan.grad_accum, []
@@ -233,7 +258,9 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})
     if plan.tp > 1:
         styles = list(spec.family_info.tp_plan.values())
-        per_layer = sum(1 for s in styles if s == "rowwise") + sum(1 for s in styles if s.startswith("colwise"))
+        rowwise = sum(1 for s in styles if s == "rowwise")
+        # full recomputation runs each layer's forward again in backward, all-reduces included
+        per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
         add("all_reduce", "tp", per_layer * layers * acc, per_layer * layers * acc * act)
     if plan.pp > 1:
         total, mine, m = plan.n_stages, plan.stage_ids(coords[MeshAxis.PP]), plan.n_microbatches
@@ -242,6 +269,27 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
         add("recv", "pp", sends * m * acc, sends * m * acc * act / m)
     if plan.cp > 1:
         kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
-        add("all_gather", "cp", 2 * layers * acc, 2 * layers * acc * kv)
+        # recomputation gathers K and V again (their c10d all_gather is not among the saved ops)
+        gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)
+        add("all_gather", "cp", gathers, gathers * kv)
         add("all_reduce", "cp", (2 * layers + 1) * acc, 2 * layers * acc * kv)
+    return out
+
+
+def parameter_mismatches(model: dict[str, tuple[int, ...]], checkpoint: dict[str, tuple[int, ...]],
+                         shown: int = 8) -> list[str]:
+    """Lines naming how a checkpoint's tensors (name -> shape) differ from a model's: shapes that
+    differ, then the model's tensors it lacks, then tensors the model does not have (`shown`
+    of each, then a count); empty when they match."""
+    differ = [f"{n}: checkpoint has {list(checkpoint[n])}, model has {list(s)}" for n, s in model.items()
+              if n in checkpoint and tuple(checkpoint[n]) != tuple(s)]
+    missing = [f"{n}: missing from the checkpoint (model has {list(s)})" for n, s in model.items()
+               if n not in checkpoint]
+    extra = [f"{n}: in the checkpoint ({list(s)}), not in the model" for n, s in checkpoint.items() if n not in model]
+    out: list[str] = []
+    for lines, what in ((differ, "with another shape"), (missing, "missing from the checkpoint"),
+                        (extra, "not in the model")):
+        out += lines[:shown]
+        if len(lines) > shown:
+            out.append(f"... and {len(lines) - shown} more {what}")
     return out

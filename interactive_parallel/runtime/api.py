@@ -140,19 +140,38 @@ def apply_plan(plan: Plan, scratch: str | None = None, restore: str | None = Non
     st = _state.get()
     if st.spec is None:
         raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
+    temporary = None
     if st.parallel is not None:
         from .checkpoint import save
 
         dequantize()  # the new layout starts from the full-precision weights
-        if scratch is None:
-            raise RuntimeError(f"rank {st.rank}: re-plan needs a scratch directory every rank can read")
+        if scratch is None:  # a plain torchrun or test group on one host
+            scratch = temporary = _shared_temp_dir()
         path = os.path.join(scratch, "replan")
         save(st.parallel, st.optimizer, path, st.step)
         st.extra["pending_state"] = path
         st.parallel = st.model = st.optimizer = None  # free the old layout before building the new one
     device = _dist.torch_device(plan.device, st.local_rank)
     how, step = rebuild(st, plan, device, scratch, restore)
+    if temporary is not None and st.rank == 0:
+        import shutil
+
+        shutil.rmtree(temporary, ignore_errors=True)
     return {"coords": {str(k): v for k, v in st.parallel.coords.items()}, "state": how, "step": step}
+
+
+def _shared_temp_dir() -> str:
+    """A fresh directory rank 0 makes (on tmpfs when there is one) and names to every rank."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    box = [None]
+    if _state.get().rank == 0:
+        box[0] = tempfile.mkdtemp(prefix="ip-replan-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def update_training(plan: Plan) -> None:

@@ -36,8 +36,7 @@ class CheckpointMismatch(ValueError):
 
     def __init__(self, path: str, problems: list[str]):
         self.path, self.problems = path, list(problems)
-        shown = "\n  - ".join(self.problems[:20]) + (f"\n  ... {len(problems) - 20} more" if len(problems) > 20 else "")
-        super().__init__(f"{path} does not hold this model's parameters:\n  - {shown}")
+        super().__init__(f"{path} does not hold this model's parameters:\n  - " + "\n  - ".join(self.problems))
 
 
 # ---- capturing the live state ------------------------------------------------------------------
@@ -144,15 +143,13 @@ def problems(par: Parallelized, path: str) -> list[str]:
     """Why the model state at `path` does not fit this model (same answer on every rank)."""
     if not os.path.isfile(os.path.join(path, ".metadata")):
         return [f"{path} is not a torch.distributed.checkpoint directory (no .metadata)"]
-    saved = {k[len("model."):]: v for k, v in saved_keys(path).items() if k.startswith("model.")}
+    from ..plan.estimate import parameter_mismatches
+
+    saved = {k[len("model."):]: v or () for k, v in saved_keys(path).items() if k.startswith("model.")}
     expected: dict[str, tuple[int, ...]] = {}
     for name, t in par.raw.state_dict().items():  # every stage's names: meta tensors carry shapes
         expected.setdefault(par.canonical(name), tuple(t.shape))
-    out = [f"{n}: missing from the checkpoint (model has {list(s)})" for n, s in expected.items() if n not in saved]
-    out += [f"{n}: checkpoint has {list(saved[n])}, model has {list(s)}" for n, s in expected.items()
-            if n in saved and saved[n] != s]
-    out += [f"{n}: in the checkpoint ({list(s or [])}), not in the model" for n, s in saved.items() if n not in expected]
-    return out
+    return parameter_mismatches(expected, saved)
 
 
 # ---- save / load -------------------------------------------------------------------------------

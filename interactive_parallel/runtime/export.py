@@ -2,9 +2,11 @@
 
 Owns the text of that script: it starts like every non-engine rank (runtime.launch),
 rebuilds the same model (spec), layout (plan) and training knobs from
-interactive_parallel.runtime, with no ipyparallel and no notebook, and prints the loss
-of each step, so a run set up interactively can be repeated (or scaled out) from a
-shell. Knows nothing of the session that asks for it.
+interactive_parallel.runtime, with no ipyparallel and no notebook, resumes the weights,
+optimizer state and step the session saved beside it (a torch.distributed.checkpoint
+directory; without one it starts from the seed), and prints the loss of each step, so a
+run set up and trained interactively continues (or scales out) from a shell. Knows
+nothing of the session that asks for it.
 """
 from __future__ import annotations
 
@@ -17,10 +19,14 @@ _TEMPLATE = '''"""{title}
 
 Run: {run}
 Exported by interactive_parallel: the same model, plan and training settings as the
-session, rebuilt from interactive_parallel.runtime (no ipyparallel). Rank 0 prints the
+session, rebuilt from interactive_parallel.runtime (no ipyparallel), resuming the
+weights, optimizer state and step saved in STATE_DIR beside this file. Rank 0 prints the
 loss of each step (the mean over the ranks that see it).
 """
+import os
+
 from interactive_parallel.plan import ModelSpec, Plan, check
+from interactive_parallel.runtime.checkpoint import load
 from interactive_parallel.runtime.launch import Launch, finish
 from interactive_parallel.runtime.parallelize import parallelize
 from interactive_parallel.runtime.train import make_optimizer, make_scaler, train_step
@@ -30,15 +36,18 @@ SPEC = ModelSpec(**{spec})
 PLAN = Plan(**{plan})
 STEPS = {steps}
 TIMEOUT_S = {timeout}
+STATE_DIR = {state_dir!r}  # the session's state at export, beside this file (None: start from the seed)
 
 
 def main() -> None:
     launch = Launch.from_env()
     check(PLAN, launch.world_size, SPEC)  # a bad plan fails here, before any rank waits for another
     device = launch.start(PLAN.device, TIMEOUT_S)
-    par = parallelize(SPEC, PLAN, device=device)
+    state = os.path.join(os.path.dirname(os.path.abspath(__file__)), STATE_DIR) if STATE_DIR else None
+    par = parallelize(SPEC, PLAN, device=device, fill="none" if state else "seed")
     optimizer, scaler = make_optimizer(par), make_scaler(PLAN)
-    for step in range(STEPS):
+    first = load(par, optimizer, state)["step"] if state else 0
+    for step in range(first, first + STEPS):
         rec = train_step(par, optimizer, step, scaler=scaler, rank=launch.rank)
         loss = global_loss(par, rec.loss)
         if launch.rank == 0:
@@ -62,13 +71,14 @@ def run_line(world: int, per_host: list[int] | None = None) -> str:
 
 
 def script_text(spec: ModelSpec, plan: Plan, steps: int, *, timeout_s: float = 120.0,
-                per_host: list[int] | None = None) -> str:
+                per_host: list[int] | None = None, state_dir: str | None = None) -> str:
     """Python source of a torchrun script training `steps` steps (`per_host`: ranks on each host,
-    when the session spans hosts)."""
+    when the session spans hosts), resuming from the checkpoint directory `state_dir` (relative
+    to the script) when given."""
     if steps < 1:
         raise ValueError(f"steps({steps}) must be >= 1")
     spec_dict = pprint.pformat(dataclasses.asdict(spec), indent=4, width=100, sort_dicts=False)
     plan_dict = pprint.pformat(plan.to_dict(), indent=4, width=100, sort_dicts=False)
     return _TEMPLATE.format(title=f"{spec.name} under {plan.describe()}: {steps} training steps",
                             run=run_line(plan.world_size, per_host), spec=spec_dict, plan=plan_dict, steps=int(steps),
-                            timeout=float(timeout_s))
+                            timeout=float(timeout_s), state_dir=state_dir)

@@ -1,0 +1,81 @@
+"""The session's scratch directory: where the ranks move state through files (re-plans, snapshots).
+
+Owns one directory per session that every rank can read: by default a fresh one on the
+host's tmpfs (/dev/shm, else the system's temporary directory), which outlives a killed
+rank process on the same host, removed when the session stops; and a leash (the pool's
+watcher, cluster/reaper.py, with a state file of its own) that removes it if this client
+process dies first. A directory the user gives (`Session(state_dir=...)`, e.g. a shared
+file system for ranks on several hosts) is used as it is and never removed. Knows
+nothing of what the ranks write there (runtime/checkpoint.py) or of torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+
+def default_base() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class Scratch:
+    """A directory for the ranks' state files, created on first use."""
+
+    def __init__(self, path: str | None = None):
+        self.given = path is not None
+        self._path = os.path.abspath(path) if path else None
+        self._leash: subprocess.Popen | None = None
+        self._leash_file: str | None = None
+
+    @property
+    def path(self) -> str:
+        if self._path is None:
+            self._path = tempfile.mkdtemp(prefix="ip-state-", dir=default_base())
+            self._start_leash()
+        elif self.given:
+            os.makedirs(self._path, exist_ok=True)
+        return self._path
+
+    @property
+    def created(self) -> bool:
+        return self._path is not None
+
+    def _start_leash(self) -> None:
+        import psutil
+
+        fd, self._leash_file = tempfile.mkstemp(prefix="ip-state-leash-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump({"groups": [], "paths": [self._path]}, f)
+        me = psutil.Process()
+        self._leash = subprocess.Popen(
+            [sys.executable, "-m", "interactive_parallel.cluster.reaper", str(me.pid), repr(me.create_time()),
+             self._leash_file],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True, close_fds=True)
+
+    def pids(self) -> list[int]:
+        return [self._leash.pid] if self._leash is not None else []
+
+    def close(self) -> None:
+        """Remove the directory (unless the user gave it) and stop its leash."""
+        if self._path is not None and not self.given:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+        if self._leash_file is not None:
+            try:
+                os.remove(self._leash_file)  # the leash exits when its state file is gone
+            except OSError:
+                pass
+            self._leash_file = None
+        if self._leash is not None:
+            self._leash.terminate()
+            try:
+                self._leash.wait(5)
+            except subprocess.TimeoutExpired:
+                self._leash.kill()
+                self._leash.wait(5)
+            self._leash = None
