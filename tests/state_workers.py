@@ -142,3 +142,17 @@ def recompute_activations(preset: str, fields: dict) -> dict:
     peak = tracker.get_tracker_snapshot("peak")
     by_kind = {str(k).rsplit(".", 1)[-1]: v for k, v in next(iter(peak.values())).items()}
     return {"measured": by_kind["ACT"], "predicted": predict_activations(PRESETS[preset], plan, 0)}
+
+
+def weights_from_directory(rank: int, path: str, plans: list[dict]) -> dict:
+    """Full weights of a local model directory as laid out under each plan (each rank reads
+    only its slices)."""
+    from interactive_parallel.plan import resolve_model
+    from interactive_parallel.runtime import api
+
+    out = {}
+    for fields in plans:
+        api.load_model(resolve_model(path))
+        api.apply_plan(Plan(**fields))
+        out[Plan(**fields).describe()] = api.full_state_dict()
+    return out if rank == 0 else {}

@@ -67,29 +67,33 @@ def test_checkpoint_saved_under_one_plan_loads_under_another(session4, tmp_path)
     assert _same(_weights(s), saved)
 
 
-def test_checkpoint_of_another_model_is_refused_before_ranks(session4, tmp_path):
+def test_checkpoint_of_another_model_is_refused_before_ranks(session4, tmp_path, monkeypatch):
     s = session4
     s.load_model("tiny-llama")
     s.apply(Plan(dp=4))
     path = s.save(str(tmp_path / "llama"))
     s.load_model("tiny-gpt2")
-    with pytest.raises(SessionError, match="tiny-llama"):
+    s.apply(Plan(dp=4))
+    monkeypatch.setattr(s.ranks.caller, "submit", lambda *a, **k: pytest.fail("a rank was touched"))
+    with pytest.raises(SessionError, match="tiny-llama") as exc:
         s.load(path)
+    assert "transformer.wte.weight: missing from the checkpoint (model has [128, 64])" in str(exc.value)
+    assert "model.embed_tokens.weight: in the checkpoint ([128, 64]), not in the model" in str(exc.value)
 
 
 def test_export_script_runs_under_torchrun(session4, tmp_path):
     s = session4
     s.load_model("tiny-llama")
     s.apply(Plan(dp=2, tp=2, batch_size=8, seq_len=32))
-    first = s.train(steps=1)
-    session_loss = sum(r.loss for r in first) / len(first)
+    s.train(steps=1)
     script = s.export_script(str(tmp_path / "train_tp2_dp2.py"), steps=1)
     assert "torchrun --nproc_per_node 4" in Path(script).read_text()
+    assert (tmp_path / "train_tp2_dp2_state" / ".metadata").is_file()  # the state the script resumes
+    nxt = s.train(steps=1)  # step 1, from the state the script resumes
+    session_loss = sum(r.loss for r in nxt) / len(nxt)
     torchrun = Path(sys.executable).with_name("torchrun")
-    # the session just took its step 0 from the plan's seed; the script starts from the same seed
     out = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "4", script],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "step" in out.stdout
-    losses = [float(m) for m in re.findall(r"loss ([0-9.]+)", out.stdout)]
-    assert losses and abs(losses[0] - session_loss) < 1e-4, out.stdout
+    losses = {int(a): float(b) for a, b in re.findall(r"step (\d+) loss ([0-9.]+)", out.stdout)}
+    assert list(losses) == [1] and abs(losses[1] - session_loss) < 1e-4, out.stdout

@@ -20,11 +20,40 @@ from ..plan import MESH_ORDER, MeshAxis, Plan, axis_groups
 _GROUPS: dict[Any, Any] = {}
 
 
+def _world_token() -> tuple:
+    """What tells one world group from the next in this process (its rendezvous, rank and size)."""
+    import os
+
+    return (id(dist.group.WORLD), dist.get_rank(), dist.get_world_size(), os.environ.get("MASTER_ADDR"),
+            os.environ.get("MASTER_PORT"))
+
+
+def forget_dtensor_caches() -> None:
+    """Drop DTensor's sharding-propagation caches. They key on DeviceMesh equality, which is
+    structural (ranks, layout, names), so after a re-formed group they hand new tensors the
+    old mesh: its dead process groups (measured: "Could not resolve the process group") and,
+    for a renumbered rank, its old coordinates (measured: two ranks writing one shard)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    prop = DTensor._op_dispatcher.sharding_propagator
+    prop.propagate_op_sharding.cache_clear()
+    meta = getattr(prop, "_propagate_tensor_meta_cached", None)
+    if hasattr(meta, "cache_clear"):
+        meta.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+    if native is not None:
+        native()
+
+
 def cached(key: tuple, make: Callable[[], Any]) -> Any:
     """`make()` once per key and process group (a new world group drops the old, dead ones)."""
-    if _GROUPS.get("world") is not dist.group.WORLD:
+    token = _world_token()
+    if _GROUPS.get("world") != token:
+        if _GROUPS:
+            forget_dtensor_caches()
         _GROUPS.clear()
-        _GROUPS["world"] = dist.group.WORLD
+        _GROUPS["world"] = token
     if key not in _GROUPS:
         _GROUPS[key] = make()
     return _GROUPS[key]
