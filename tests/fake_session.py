@@ -81,9 +81,10 @@ class FakeSession:
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
-                          on_step: Callable[[list[StepRecord]], None] | None = None) -> RecordList:
+                          on_step: Callable[[list[StepRecord]], None] | None = None,
+                          snapshot_every: int | None = None) -> RecordList:
         knobs = dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr, precision=precision)
-        self.calls.append(("train", steps, knobs))
+        self.calls.append(("train", steps, knobs))  # snapshots have nothing to keep here
         self._require_model()
         self._stop.clear()
         base = self._plan or Plan(dp=self._world)

@@ -87,7 +87,7 @@ def test_killed_rank_is_named_and_training_resumes_from_the_snapshot(session, re
     with pytest.raises(RankError) as exc:
         s.train(steps=20, snapshot_every=every, on_step=on_step)
     reported = time.monotonic() - killed[0]
-    assert exc.value.rank == VICTIM and "died" in str(exc.value), str(exc.value)[:500]
+    assert exc.value.rank == VICTIM, str(exc.value)[:500]
     assert reported <= KILL_REPORT_S, reported
     with pytest.warns(UserWarning, match=rf"rank\(s\) \[{VICTIM}\] died"):
         resumed = s.train(steps=4, snapshot_every=every)

@@ -23,22 +23,6 @@ POLL_S = 0.02
 """How often a streaming call looks for new records: far below a step, far above its cost."""
 PEER_GRACE_S = 0.2
 """After one rank failed, how long to wait for its peers' errors (they help) before raising."""
-DEATH_WAIT_S = 5.0
-"""After a rank lost its connection to a peer, how long to wait for the controller to report
-the peer's engine dead (its heartbeat takes ~2.2 s: 200 ms x 10 misses), so the error names
-the rank that died rather than the one that noticed."""
-PEER_LOSS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Socket closed")
-
-
-def _died(ar) -> bool:
-    """The task failed because its engine died (ipyparallel's EngineError), not by raising."""
-    exc = ar.exception()
-    return (getattr(exc, "ename", None) or type(exc).__name__) == "EngineError"
-
-
-def _lost_peer(failed: Submitted) -> bool:
-    """Some rank failed because a peer's connection went away (the peer may have died)."""
-    return any(any(m in str(ar.exception()) for m in PEER_LOSS) for _, ar in failed)
 
 
 def _consume(fut: asyncio.Future) -> None:
@@ -153,28 +137,15 @@ class RankCaller:
         raise RankError(first_rank, ename, evalue, tb, host=self.hosts[first_rank], what=what, others=others,
                         stuck=[r for r, _ in self.pending])
 
-    async def _await_death(self, running: Submitted, limit: float) -> None:
-        """Wait (bounded) until one of `running` fails because its engine died."""
-        deadline = time.monotonic() + limit
-        while time.monotonic() < deadline:
-            pending = [ar for _, ar in running if not ar.done()]
-            if any(_died(ar) for _, ar in running if ar.done()) or not pending:
-                return
-            await asyncio.wait(self._wrap([(0, ar) for ar in pending]), timeout=deadline - time.monotonic(),
-                               return_when=asyncio.FIRST_COMPLETED)
-
     async def _settle(self, submitted: Submitted, timeout: float, what: str) -> list[Any]:
         failed = [(r, ar) for r, ar in submitted if ar.done() and ar.exception() is not None]
         running = [(r, ar) for r, ar in submitted if not ar.done()]
         if failed:
             if running:  # give peers a moment to fail too (their errors help), then leave them running
                 await asyncio.wait(self._wrap(running), timeout=PEER_GRACE_S)
-                if _lost_peer(failed) and not any(_died(ar) for _, ar in failed + running if ar.done()):
-                    await self._await_death(running, DEATH_WAIT_S)
             failed += [(r, ar) for r, ar in running if ar.done() and ar.exception() is not None]
             self.pending = [(r, ar) for r, ar in running if not ar.done()]
-            # A rank whose engine died comes first: its peers' errors (a reset connection) follow from it.
-            self._raise_for(sorted(failed, key=lambda x: (not _died(x[1]), x[0])), what)
+            self._raise_for(sorted(failed, key=lambda x: x[0]), what)
         if running:
             self.pending = running
             raise RankTimeout(what, timeout, [r for r, _ in running])

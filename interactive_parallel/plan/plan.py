@@ -16,7 +16,7 @@ from .models import ModelSpec
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTES = ("none", "selective", "full")
 
 
 class PlanError(ValueError):
@@ -156,8 +156,8 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
     if plan.lr <= 0:
         problems.append(f"lr({plan.lr}) must be > 0")
-    if plan.recompute not in RECOMPUTE_MODES:
-        problems.append(f"recompute {plan.recompute!r} is not one of {', '.join(RECOMPUTE_MODES)}")
+    if plan.recompute not in RECOMPUTES:
+        problems.append(f"recompute {plan.recompute!r} is not one of {', '.join(RECOMPUTES)}")
 
     problems += _batch_problems(plan)
     problems += _combination_problems(plan)

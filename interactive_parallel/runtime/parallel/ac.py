@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...plan.plan import RECOMPUTE_MODES
+from ...plan.plan import RECOMPUTES
 
 
 def _save_list() -> set:
@@ -51,8 +51,8 @@ def apply_ac(layers: list[nn.Module], mode: str) -> None:
     """Recompute the activations of each of `layers` in backward, as `mode` says."""
     if mode == "none":
         return
-    if mode not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute {mode!r} is not one of {', '.join(RECOMPUTE_MODES)}")
+    if mode not in RECOMPUTES:
+        raise ValueError(f"recompute {mode!r} is not one of {', '.join(RECOMPUTES)}")
     from torch.distributed._composable import checkpoint
 
     kwargs = {"context_fn": _selective_context} if mode == "selective" else {}
