@@ -148,7 +148,7 @@ def apply_plan(plan: Plan, scratch: str | None = None, restore: str | None = Non
         if scratch is None:  # a plain torchrun or test group on one host
             scratch = temporary = _shared_temp_dir()
         path = os.path.join(scratch, "replan")
-        save(st.parallel, st.optimizer, path, st.step)
+        save(st.parallel, st.optimizer, path, st.step, raw=True)
         st.extra["pending_state"] = path
         st.parallel = st.model = st.optimizer = None  # free the old layout before building the new one
     device = _dist.torch_device(plan.device, st.local_rank)

@@ -11,8 +11,9 @@ saved: they come from the plan that loads the state.
 
 Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|exp_avg_sq|
 step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
-`train.step`. Snapshots (for recovery) are such directories, one per generation, under
-one folder: the newest complete one (its `.metadata` written, which DCP does last) wins.
+`train.step`. Checkpoints are DCP's standard files; re-plans and snapshots (scratch) use
+runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, under one
+folder: the newest complete one (its `.metadata` written, which DCP does last) wins.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
@@ -106,27 +107,32 @@ def _planners():
     return SavePlanner, LoadPlanner
 
 
-def write(state: dict, path: str) -> None:
-    """DCP save (a collective); each rank writes one file of its own pieces."""
+def write(state: dict, path: str, raw: bool = False) -> None:
+    """DCP save (a collective); each rank writes one file of its own pieces. `raw`: the
+    scratch format (runtime.rawfiles), else DCP's standard files."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
+
+    from .rawfiles import RawWriter
 
     save_planner, _ = _planners()
     os.makedirs(path, exist_ok=True)
     # sync_files=False: the state directories are scratch (tmpfs) or the user's own path,
     # where the OS writes back in its own time; fsync per file costs more than the write.
-    dcp.save(state, storage_writer=FileSystemWriter(path, single_file_per_rank=True, sync_files=False,
-                                                    thread_count=1),
-             planner=save_planner())
+    writer = (RawWriter if raw else FileSystemWriter)(path, single_file_per_rank=True, sync_files=False,
+                                                      thread_count=1)
+    dcp.save(state, storage_writer=writer, planner=save_planner())
 
 
-def read(state: dict, path: str) -> None:
+def read(state: dict, path: str, raw: bool = False) -> None:
     """DCP load into the tensors of `state`, in place (a collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
+    from .rawfiles import RawReader
+
     _, load_planner = _planners()
-    dcp.load(state, storage_reader=FileSystemReader(path), planner=load_planner())
+    dcp.load(state, storage_reader=(RawReader if raw else FileSystemReader)(path), planner=load_planner())
 
 
 def saved_keys(path: str) -> dict[str, tuple[int, ...] | None]:
@@ -153,11 +159,12 @@ def problems(par: Parallelized, path: str) -> list[str]:
 
 
 # ---- save / load -------------------------------------------------------------------------------
-def save(par: Parallelized, optimizer, path: str, step: int) -> dict[str, Any]:
-    """Write weights, optimizer state (once it has stepped) and step under `path`; a collective."""
+def save(par: Parallelized, optimizer, path: str, step: int, *, raw: bool = False) -> dict[str, Any]:
+    """Write weights, optimizer state (once it has stepped) and step under `path`; a collective.
+    `raw`: in the scratch format (re-plans, snapshots), read back with load(raw=True)."""
     state, _, _ = live_state(par, optimizer, with_optim=bool(optimizer.state))
     state["train.step"] = int(step)
-    write(state, path)
+    write(state, path, raw)
     return _info(par, path, state)
 
 
@@ -167,7 +174,7 @@ def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
             "plan": par.plan.describe()}
 
 
-def load(par: Parallelized, optimizer, path: str, *, check: bool = True) -> dict[str, Any]:
+def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False) -> dict[str, Any]:
     """Read `path` into the current layout and optimizer, in place; a collective.
 
     Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
@@ -183,7 +190,7 @@ def load(par: Parallelized, optimizer, path: str, *, check: bool = True) -> dict
     with_optim = any(k.startswith("optim.") for k in saved_keys(path))
     state, model_sd, optim_sd = live_state(par, optimizer, with_optim=with_optim)
     state["train.step"] = 0
-    read(state, path)
+    read(state, path, raw)
     if with_optim:
         set_state_dict(par.raw, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=_options())
@@ -206,7 +213,7 @@ def snapshot_dirs(folder: str) -> list[str]:
 def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
     """A new generation under `folder` (a collective); the older ones go once it is complete."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
-    save(par, optimizer, path, step)
+    save(par, optimizer, path, step, raw=True)
     if not dist.is_initialized() or dist.get_rank() == 0:
         for old in os.listdir(folder):
             if old.startswith(SNAPSHOT_PREFIX) and os.path.join(folder, old) != path:

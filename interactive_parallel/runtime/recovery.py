@@ -86,7 +86,7 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     if how == "kept":
         step = restore_kept(par, optimizer, st.extra.pop("kept"))
     elif source is not None:
-        step = load(par, optimizer, source, check=False)["step"]
+        step = load(par, optimizer, source, check=False, raw=True)["step"]
     if how == "carried":
         st.extra.pop("pending_state", None)
         if not dist.is_initialized() or dist.get_rank() == 0:  # every rank has read it (DCP's last collective)

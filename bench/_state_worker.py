@@ -1,0 +1,58 @@
+"""A plain torchrun worker for bench_state.py: peak RSS per rank while a model is laid out.
+
+Config (JSON on the command line): {"config": transformers config dict, "warm": a small config
+of the same family, "plan": Plan fields, "whole": true to also build the whole model the way
+every rank did before the meta-device build (runtime.models.build_model), on rank 0 only}.
+Each rank lays the small model out first (imports and one-off set-up are not counted), resets
+the kernel's peak counter (VmHWM, /proc/self/clear_refs), lays the measured model out and
+reports VmRSS before and VmHWM after. Rank 0 prints one JSON line with every rank's numbers.
+"""
+import gc
+import json
+import sys
+
+import torch.distributed as dist
+
+from interactive_parallel.plan import Plan
+from interactive_parallel.plan.models import spec_from_config_dict
+from interactive_parallel.runtime import api, state
+from interactive_parallel.runtime.launch import finish, init_from_env
+
+
+def vm(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def reset_peak() -> int:
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return vm("VmRSS")
+
+
+cfg = json.loads(sys.argv[1])
+launch, _ = init_from_env("cpu", timeout_s=600.0)
+plan = Plan(**cfg["plan"])
+api.load_model(spec_from_config_dict(cfg["warm"], name="warm-up"))
+api.apply_plan(plan)
+api.load_model(spec_from_config_dict(cfg["config"], name="measured"))
+before = reset_peak()
+api.apply_plan(plan)
+mine = {"rank": launch.rank, "before": before, "peak": vm("VmHWM")}
+state.get().reset_model()
+if cfg.get("whole") and launch.rank == 0:
+    from interactive_parallel.runtime.models import build_model
+
+    before = reset_peak()
+    model = build_model(spec_from_config_dict(cfg["config"], name="measured"))
+    mine.update(whole_before=before, whole_peak=vm("VmHWM"))
+    del model
+rows = [None] * launch.world_size
+dist.all_gather_object(rows, mine)
+if launch.rank == 0:
+    print(json.dumps(rows), flush=True)
+finish()
