@@ -102,3 +102,20 @@ def test_local_directory_is_read_slice_by_slice(tmp_path):
     for label, weights in got.items():
         assert set(weights) <= set(expected)
         assert all(torch.equal(weights[k], expected[k]) for k in weights), label
+
+
+@pytest.mark.rank1
+def test_the_layout_can_stay_on_the_meta_device():
+    """parallelize(materialize=False): the plan's modules with no storage at all (a dry run's input)."""
+    from interactive_parallel.plan.estimate import param_inventory
+    from interactive_parallel.runtime.parallelize import parallelize
+
+    import dataclasses
+
+    base = PRESETS["tiny-llama"]
+    spec = dataclasses.replace(base, config=dict(base.config, hidden_size=4096, intermediate_size=14336,
+                                                 num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8))
+    par = parallelize(spec, Plan(), materialize=False)
+    params = dict(par.raw.named_parameters())
+    assert all(p.is_meta for p in params.values())
+    assert {p.name: p.shape for p in param_inventory(spec)} == {n: tuple(p.shape) for n, p in params.items()}

@@ -380,7 +380,8 @@ def host_memory() -> dict[str, Any]:
 
 
 def full_state_dict() -> dict[str, Any]:
-    """Full weights as CPU tensors (a collective under sharded plans)."""
+    """Full weights as CPU tensors on every rank (a collective under sharded plans): whole copies,
+    for tests and small models; re-plans, checkpoints and verify() never use it."""
     return _require_plan().parallel.full_state_dict()
 
 

@@ -15,8 +15,11 @@ wrong; a storage's full `nbytes` (padding included) is what the process holds.
   parameters (and views of them, FSDP's gathered weights included) are not counted.
 - rss: process resident set size at the end of the step, for orientation.
 
-Does not know: temporaries that are never saved for backward (CPU), allocator caching,
-or DDP's flat bucket buffers (communication scratch, not gradients).
+Does not know: temporaries that are never saved for backward (CPU), what activation
+recomputation keeps inside its layers (CPU: torch's checkpoint holds those through
+saved-tensor hooks of its own; tests/test_recompute.py measures them with torch's
+MemTracker), allocator caching, or DDP's flat bucket buffers (communication scratch,
+not gradients).
 """
 from __future__ import annotations
 
