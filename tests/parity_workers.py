@@ -27,6 +27,12 @@ def train_and_grads(spec, plan: Plan, steps: int) -> dict:
     return {"losses": losses + [loss], "grads": grads, "weights": weights}
 
 
+def max_diff(a: dict, b: dict) -> float:
+    """Largest absolute difference between two dicts of tensors with the same names."""
+    assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
 def parity_group(rank: int, configs: list[tuple[str, str, dict]], steps: int) -> dict:
     """{label: train_and_grads(...)} for each (label, preset, plan fields); rank 0 returns."""
     out = {}

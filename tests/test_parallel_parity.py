@@ -70,18 +70,13 @@ def reference(preset: str, fields: dict) -> dict:
     return _refs[key]
 
 
-def max_diff(a: dict, b: dict) -> float:
-    assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
 @pytest.mark.parametrize("label", list(ALL))
 def test_parity(results, label):
     preset, fields = ALL[label]
     ref, got = reference(preset, fields), results[label]
     dloss = max(abs(a - b) for a, b in zip(ref["losses"], got["losses"]))
-    dgrad = max_diff(ref["grads"], got["grads"])
-    dweight = max_diff(ref["weights"], got["weights"])
+    dgrad = W.max_diff(ref["grads"], got["grads"])
+    dweight = W.max_diff(ref["weights"], got["weights"])
     print(f"{label}: dloss {dloss:.2e} dgrad {dgrad:.2e} dweight {dweight:.2e}")
     assert dloss <= LOSS_TOL, f"{label}: losses {got['losses']} vs {ref['losses']}"
     assert dgrad <= GRAD_TOL, f"{label}: max gradient difference {dgrad:.3e}"

@@ -46,19 +46,14 @@ def results():
     return out
 
 
-def max_diff(a: dict, b: dict) -> float:
-    assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"
-    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
-
-
 @pytest.mark.parametrize("label", list(ALL))
 def test_recompute_parity(results, label):
     preset, fields = ALL[label]
     ref, got = W.reference(preset, {}, STEPS), results[label]
     dloss = max(abs(a - b) for a, b in zip(ref["losses"], got["losses"]))
     assert dloss <= LOSS_TOL, f"{label}: losses {got['losses']} vs {ref['losses']}"
-    assert max_diff(ref["grads"], got["grads"]) <= GRAD_TOL, label
-    assert max_diff(ref["weights"], got["weights"]) <= WEIGHT_TOL, label
+    assert W.max_diff(ref["grads"], got["grads"]) <= GRAD_TOL, label
+    assert W.max_diff(ref["weights"], got["weights"]) <= WEIGHT_TOL, label
 
 
 def test_activation_memory_measured_and_predicted():

@@ -7,6 +7,9 @@
   steps): its first step is the snapshot's, and its losses equal the uninterrupted
   single-process run's for those steps (LOSS_TOL = 1e-5, the parity tolerance), which
   they could not if weights or AdamW state had restarted.
+- A collective that fails with no rank dead (a rank raised): the group is re-formed and every
+  rank keeps its own shards of weights and AdamW state, so the next steps' losses equal the
+  single-process run's; switching debug mode (another re-formed group) keeps them too.
 - A model predicted not to fit the ranks' memory is refused before anything is loaded,
   naming predicted and available bytes; the ranks keep their model and weights.
 - Stopping the session removes its scratch directory and the leash that guards it.
@@ -116,3 +119,35 @@ def test_a_model_too_large_is_refused_before_loading(session):
     assert s.spec.name == "tiny-llama"
     after = s.run(api.full_state_dict)[0]
     assert set(after) == set(before) and all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def _fail_on_rank_1() -> float:
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank one fails before the collective")
+    t = torch.ones(1)
+    dist.all_reduce(t)  # peers wait here until the collective timeout
+    return t.item()
+
+
+def test_a_failed_collective_keeps_weights_optimizer_and_step(reference):
+    """No rank dies: the group is re-formed and every rank keeps its own shards (no snapshot)."""
+    with Session(ranks=4, collective_timeout=5, snapshot_every=0) as s:
+        s.load_model("tiny-llama")
+        s.apply(Plan(fsdp=2, tp=2, **BATCH))
+        s.train(steps=3)
+        with pytest.raises(RankError):
+            s.run(_fail_on_rank_1)
+        resumed = s.train(steps=3)
+        assert s.model.restored["state"] == "kept" and s.model.restored["step"] == 3
+        losses = _step_losses(resumed)
+        assert sorted(losses) == [3, 4, 5]
+        assert all(abs(loss - reference[step]) <= LOSS_TOL for step, loss in losses.items()), losses
+        before = s.run(api.full_state_dict)[0]
+        s.set_debug(True)  # another re-formed group: the same shards kept
+        after = s.run(api.full_state_dict)[0]
+        assert s.model.restored["state"] == "kept"
+        assert all(torch.equal(after[k], v) for k, v in before.items())
+        s.set_debug(False)

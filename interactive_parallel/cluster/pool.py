@@ -195,16 +195,11 @@ class LocalPool(Pool):
         os.replace(tmp, self._state_file)
 
     def _start_leash(self) -> None:
-        import psutil
+        from . import reaper
 
         with open(self._state_file, "w") as f:
             json.dump({"groups": [], "paths": [self.profile_dir]}, f)
-        me = psutil.Process()
-        self._leash = subprocess.Popen(
-            [sys.executable, "-m", "interactive_parallel.cluster.reaper", str(me.pid), repr(me.create_time()),
-             self._state_file],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)
+        self._leash = reaper.start(self._state_file)
 
     def add_engines(self, n: int, timeout: float = 60.0) -> None:
         before = len(self.client.ids)

@@ -66,6 +66,20 @@ def reap(state: dict) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def start(state_file: str):
+    """Leash this process: a watcher that reaps what `state_file` lists once this process is gone
+    (and exits by itself once `state_file` is deleted). Returns its subprocess.Popen."""
+    import subprocess
+
+    import psutil
+
+    me = psutil.Process()
+    return subprocess.Popen(
+        [sys.executable, "-m", "interactive_parallel.cluster.reaper", str(me.pid), repr(me.create_time()), state_file],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, close_fds=True)
+
+
 def main(argv: list[str]) -> int:
     client_pid, client_start, state_file = int(argv[0]), float(argv[1]), argv[2]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in the notebook's terminal is not ours

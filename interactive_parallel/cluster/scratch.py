@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 
@@ -45,17 +44,12 @@ class Scratch:
         return self._path is not None
 
     def _start_leash(self) -> None:
-        import psutil
+        from . import reaper
 
         fd, self._leash_file = tempfile.mkstemp(prefix="ip-state-leash-", suffix=".json")
         with os.fdopen(fd, "w") as f:
             json.dump({"groups": [], "paths": [self._path]}, f)
-        me = psutil.Process()
-        self._leash = subprocess.Popen(
-            [sys.executable, "-m", "interactive_parallel.cluster.reaper", str(me.pid), repr(me.create_time()),
-             self._leash_file],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True, close_fds=True)
+        self._leash = reaper.start(self._leash_file)
 
     def pids(self) -> list[int]:
         return [self._leash.pid] if self._leash is not None else []
