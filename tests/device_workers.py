@@ -62,7 +62,7 @@ def _forgets_the_device() -> None:
 
 
 def every_collective_on_the_group_device(rank: int, plans: list[dict]) -> dict:
-    """Train, verify, generate, agree to stop, share weights and run the doctor under each plan
+    """Train, verify, generate, agree to stop, run the doctor and re-plan (DCP) under each plan
     with tensors off the device by default; {plan: what ran}."""
     from interactive_parallel.runtime import api, channel, doctor, state
     from interactive_parallel.runtime.verify import global_loss
@@ -92,8 +92,7 @@ def every_collective_on_the_group_device(rank: int, plans: list[dict]) -> dict:
             finally:
                 channel.set_stop_source(None)
             ran.append(("doctor", doctor.check(nbytes=1 << 12).error))
-            api.snapshot_local()
-            ran.append(("share_carry", api.share_carry(0)))
+            ran.append(("carry", api.apply_plan(plan)["state"]))  # the same plan again, through DCP
         out[plan.describe()] = ran
     state.get().reset_model()
     return out

@@ -2,7 +2,7 @@
 
 - every tensor handed to a collective is on the group's device: the runtime's own tensors
   built without a device are put on meta and the collective device check must stay quiet
-  through train, verify, generate, stop agreement, the doctor and weight sharing (the check
+  through train, verify, generate, stop agreement, the doctor and a re-plan through DCP (the check
   itself is shown to catch what runtime/verify.py's global_loss used to do);
 - pipeline + fp16: the schedule's loss is scaled before the scaler unscales (gradients after
   unscale_ equal those without a scaler), and fp16 under pp=2 matches one process;
@@ -33,10 +33,10 @@ def test_every_collective_gets_a_tensor_on_the_group_device():
     assert set(out) == {"dp2", "tp2", "pp2"}, out
     for plan, ran in out.items():
         names = dict(ran)
-        assert list(names) == ["train", "global_loss", "verify", "generate", "agree_stop", "doctor", "share_carry"]
+        assert list(names) == ["train", "global_loss", "verify", "generate", "agree_stop", "doctor", "carry"]
         assert names["verify"] is True and names["doctor"] == "" and names["agree_stop"] is False, (plan, ran)
         assert 0 < names["global_loss"] < 10 and len(names["generate"][0]) == 2, (plan, ran)
-    assert dict(out["dp2"])["share_carry"] is True  # whole weights on every rank: broadcast as objects
+    assert all(dict(ran)["carry"] == "carried" for ran in out.values())  # weights and AdamW state through DCP
 
 
 def test_pipeline_scales_the_loss_it_unscales():

@@ -60,7 +60,8 @@ def fill_normal(piece: Piece, shape: tuple[int, ...], std: float, seed: int, nam
         for tj in range(c0 // tc, (c1 - 1) // tc + 1 if c1 > c0 else 0):
             b0, b1 = tj * tc, min((tj + 1) * tc, cols)
             gen = torch.Generator().manual_seed(tile_seed(seed, name, ti, tj))
-            tile = torch.empty(a1 - a0, b1 - b0).normal_(0.0, std, generator=gen)  # [tile rows, tile cols]
+            # Drawn on the CPU whatever the device: the same numbers on every device and in the reference.
+            tile = torch.empty(a1 - a0, b1 - b0, device="cpu").normal_(0.0, std, generator=gen)  # [tile rows, cols]
             lo_r, hi_r, lo_c, hi_c = max(r0, a0), min(r1, a1), max(c0, b0), min(c1, b1)
             view[lo_r - r0:hi_r - r0, lo_c - c0:hi_c - c0].copy_(tile[lo_r - a0:hi_r - a0, lo_c - b0:hi_c - b0])
 

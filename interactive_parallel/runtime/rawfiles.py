@@ -84,7 +84,7 @@ class RawReader(FileSystemReader):
                         continue
                     dtype = self._tensors[req.storage_index.fqn].properties.dtype
                     sizes = self._chunk(req.storage_index).sizes
-                    stored = torch.frombuffer(blob, dtype=dtype).view(sizes) if blob else torch.empty(sizes, dtype=dtype)
+                    stored = torch.frombuffer(blob, dtype=dtype).view(sizes) if blob else torch.empty(sizes, dtype=dtype, device="cpu")
                     part = stored[tuple(slice(o, o + n) for o, n in zip(req.storage_offsets, req.lengths))]
                     target = planner.resolve_tensor(req).detach()
                     target.copy_(part)

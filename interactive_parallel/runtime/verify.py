@@ -107,7 +107,7 @@ def gather_to_first(par: Parallelized, tensors: dict[str, torch.Tensor], names: 
         full_shape = next((s for s, _ in parts if s is not None), None)
         if full_shape is None:
             continue
-        full = torch.empty(full_shape)
+        full = torch.empty(full_shape, device="cpu")
         for _, held in parts:
             for offsets, data in held:
                 full[tuple(slice(o, o + n) for o, n in zip(offsets, data.shape))] = data
