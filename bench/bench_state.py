@@ -88,7 +88,7 @@ def snapshot_numbers(s: Session, repeats: int) -> list[tuple]:
             s.apply(Plan(**fields, **BATCH))
             steps = s.train(steps=4, snapshot_every=0)
             step_s = statistics.median(r.time_s for r in steps if r.step > min(x.step for x in steps))
-            taken = [s.run(api.take_snapshot, s.model.scratch_dir())[0] for _ in range(repeats)]
+            taken = [s.run(api.take_snapshot, s.model.scratch.path)[0] for _ in range(repeats)]
             seconds = statistics.median(t["seconds"] for t in taken)
             rows.append((model, name, seconds, taken[-1]["bytes"], step_s))
     return rows

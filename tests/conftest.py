@@ -46,17 +46,21 @@ def assert_gone(pids: list[int], ports: list[int], within: float = 10.0) -> None
 
 
 @contextlib.contextmanager
-def live_session(ranks: int):
-    """A local Session of `ranks` ranks; once stopped, checked to have left nothing running."""
+def live_session(ranks: int, **options):
+    """A local Session of `ranks` ranks; once stopped, checked to have left nothing running (its
+    scratch directory of re-plans and snapshots, and that directory's leash, included)."""
     from interactive_parallel import Session
 
-    s = Session(ranks=ranks)
+    s = Session(ranks=ranks, **options)
     pids, ports = pool_footprint(s)
     try:
         yield s
     finally:
+        scratch = s.model.scratch.path if s.model.scratch.created else None
+        leash = s.model.scratch.pids()
         s.stop()
-        assert_gone(pids, ports)
+        assert_gone(pids + leash, ports)
+        assert scratch is None or not os.path.exists(scratch), f"scratch directory {scratch} left behind"
 
 
 @pytest.fixture(scope="module")

@@ -33,8 +33,9 @@ def reference() -> dict:
     par = parallelize(PRESETS["tiny-llama"], reference_plan(Plan(**PLAN)))
     opt = make_optimizer(par)
     losses = [train_step(par, opt, step).loss for step in range(STEPS)]
-    return {"losses": losses, "weights": par.full_state_dict(),
-            "generated": generate(par, PROMPTS, NEW_TOKENS)}
+    out = {"losses": losses, "weights": par.full_state_dict(), "generated": generate(par, PROMPTS, NEW_TOKENS)}
+    out["next_loss"] = train_step(par, opt, STEPS).loss  # where an exported script resumes
+    return out
 
 
 def step_spans(timeline) -> dict[int, list[float]]:
@@ -75,11 +76,12 @@ def drive(args) -> dict:
         report = s.verify()
         out["verify"] = {"ok": report.ok, "dloss": report.dloss, "max_grad_diff": report.max_grad_diff}
         out["generated"] = s.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
-        if args.export:  # the script starts from the plan's seed: its step 0 is the session's
+        if args.export:  # the script resumes the session's state: its first step is step STEPS
             out["export"] = s.export_script(args.export, steps=1)
     ref = reference()
     out["ref_losses"] = ref["losses"]
     out["ref_generated"] = ref["generated"]
+    out["ref_next_loss"] = ref["next_loss"]
     out["weight_diff"] = max(float((weights[k] - ref["weights"][k]).abs().max()) for k in ref["weights"])
     out["weight_names_differ"] = sorted(set(weights) ^ set(ref["weights"]))
     return out

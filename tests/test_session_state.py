@@ -25,8 +25,8 @@ import time
 import pytest
 import torch
 
-from conftest import assert_gone, pool_footprint
-from interactive_parallel import Plan, Session
+from conftest import live_session
+from interactive_parallel import Plan
 from interactive_parallel.cluster import RankError
 from interactive_parallel.cluster.model_ops import MemoryRefused
 from interactive_parallel.runtime import api
@@ -42,15 +42,8 @@ VICTIM = 2
 
 @pytest.fixture(scope="module")
 def session():
-    s = Session(ranks=4, collective_timeout=30)
-    pids, ports = pool_footprint(s)
-    try:
+    with live_session(4, collective_timeout=30) as s:  # stopped: nothing left, scratch directory included
         yield s
-    finally:
-        scratch, leash = s.model.scratch.path if s.model.scratch.created else None, s.model.scratch.pids()
-        s.stop()
-        assert_gone(pids + leash, ports)
-        assert scratch is None or not os.path.exists(scratch), f"scratch {scratch} left behind"
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +127,7 @@ def _fail_on_rank_1() -> float:
 
 def test_a_failed_collective_keeps_weights_optimizer_and_step(reference):
     """No rank dies: the group is re-formed and every rank keeps its own shards (no snapshot)."""
-    with Session(ranks=4, collective_timeout=5, snapshot_every=0) as s:
+    with live_session(4, collective_timeout=5, snapshot_every=0) as s:
         s.load_model("tiny-llama")
         s.apply(Plan(fsdp=2, tp=2, **BATCH))
         s.train(steps=3)

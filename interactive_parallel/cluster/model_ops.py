@@ -76,6 +76,8 @@ class ModelOps:
     restored: dict = field(default_factory=dict)
     """How the last lay-out got its state: {'state': 'seed'|'carried'|'kept'|'snapshot', 'step'}."""
     _kept: list[bool] = field(default_factory=list)
+    _shared: bool = False
+    _shared_checked: tuple | None = None
 
     # ---- checks (no rank touched) ---------------------------------------------------------------
     def check_plan(self, plan: Plan) -> Plan:
@@ -103,15 +105,32 @@ class ModelOps:
             raise SessionError("no model laid out: call load_model(...) and apply(Plan(...)) first")
         return self.plan
 
-    def scratch_dir(self) -> str:
-        """The scratch directory's path for the ranks; refused when they run on several hosts
-        and the directory is this host's own (they could not read each other's files)."""
+    async def shared_scratch(self) -> str | None:
+        """The scratch directory's path when every rank can read it, else None. Ranks on one
+        host share it; ranks on several hosts are asked (once per rank set; the caller has
+        `require`d them) whether they see a file the client wrote there (a shared file
+        system, or hosts that are one machine)."""
         hosts = {r.get("host") for r in self.ranks.info}
-        if len(hosts) > 1 and not self.scratch.given:
-            raise SessionError(f"the ranks run on {len(hosts)} hosts ({', '.join(sorted(map(str, hosts)))}): "
-                               "moving state between plans and snapshots needs a directory they all read; "
-                               "pass Session(state_dir=<shared path>)")
-        return self.scratch.path
+        path = self.scratch.path
+        if len(hosts) <= 1:
+            return path
+        key = (path, tuple(r.get("engine_id") for r in self.ranks.info))
+        if self._shared_checked != key:
+            token = os.path.join(path, ".shared")
+            with open(token, "w") as f:
+                f.write("scratch")
+            self._shared = all(await self.ranks.call(os.path.isfile, (token,), what="scratch check"))
+            self._shared_checked = key
+        return path if self._shared else None
+
+    async def scratch_for_replan(self) -> str:
+        path = await self.shared_scratch()
+        if path is None:
+            hosts = sorted({str(r.get("host")) for r in self.ranks.info})
+            raise SessionError(f"the ranks run on {len(hosts)} hosts ({', '.join(hosts)}) that do not share "
+                               f"{self.scratch.path}: a re-plan moves the state through files every rank reads; "
+                               "pass Session(state_dir=<a path on a file system they share>)")
+        return path
 
     async def check_fits(self, spec: ModelSpec, plan: Plan) -> None:
         """Refuse (MemoryRefused, naming predicted and available bytes) a layout predicted not to
@@ -206,8 +225,8 @@ class ModelOps:
         scheme = self.quantization if keep_quantization else None
         if scheme is not None:
             self.check_quantization(scheme, plan, spec)
-        scratch = self.scratch_dir() if self.plan is not None else None
         await self.ranks.require()
+        scratch = await self.scratch_for_replan() if self.plan is not None else None
         await self.check_fits(spec, plan)
         infos = await self.ranks.call(api.apply_plan, (plan, scratch), what="apply")
         self.plan, self.restored = plan, infos[0]
@@ -232,7 +251,6 @@ class ModelOps:
             raise ValueError(f"snapshot_every({every}) must be a whole number >= 0")
         self.require_model()
         self.refuse_quantized("train")
-        scratch = self.scratch_dir() if every else None
         self.stop.clear()
         base = self.plan or self.default_plan()
         plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
@@ -245,6 +263,14 @@ class ModelOps:
         out = RecordList(columns=STEP_COLUMNS)
         if steps == 0:
             return out
+        await self.ranks.require()
+        scratch = await self.shared_scratch() if every else None
+        if every and scratch is None:
+            import warnings
+
+            warnings.warn(f"no snapshots: the ranks' hosts do not share {self.scratch.path}, so after a rank dies "
+                          "the model restarts from its seed; pass Session(state_dir=<a shared path>) to keep them")
+            every = 0
         world = self.ranks.world_size
         waiting: dict[int, dict[int, StepRecord]] = {}
 
@@ -455,7 +481,7 @@ class ModelOps:
             return
         kept = not replaced and self._kept and all(self._kept)
         restore = "kept" if kept else "snapshot"
-        scratch = self.scratch_dir() if restore == "snapshot" and self.scratch.created else None
+        scratch = await self.shared_scratch() if restore == "snapshot" and self.scratch.created else None
         await self.ranks.call(api.load_model, (self.spec,), what="load_model")
         infos = await self.ranks.call(api.apply_plan, (self.plan, scratch, restore), what="apply")
         self.restored = infos[0]
