@@ -156,3 +156,19 @@ def weights_from_directory(rank: int, path: str, plans: list[dict]) -> dict:
         api.apply_plan(Plan(**fields))
         out[Plan(**fields).describe()] = api.full_state_dict()
     return out if rank == 0 else {}
+
+
+def weights_from_full_state(rank: int, preset: str, plans: list[dict]) -> dict:
+    """Per plan: whether the layout built from a full state dict holds exactly those weights."""
+    import torch
+
+    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.parallelize import parallelize
+
+    full = build_model(PRESETS[preset], seed=5).state_dict()
+    out = {}
+    for fields in plans:
+        par = parallelize(PRESETS[preset], Plan(**fields), state_dict=full)
+        mine = par.full_state_dict()
+        out[Plan(**fields).describe()] = all(torch.equal(mine[k], full[k]) for k in mine)
+    return out if rank == 0 else {}

@@ -119,3 +119,13 @@ def test_the_layout_can_stay_on_the_meta_device():
     params = dict(par.raw.named_parameters())
     assert all(p.is_meta for p in params.values())
     assert {p.name: p.shape for p in param_inventory(spec)} == {n: tuple(p.shape) for n, p in params.items()}
+
+
+@pytest.mark.multirank
+def test_full_weights_given_in_process_are_cut_into_shards(tmp_path):
+    """parallelize(state_dict=...) (notebooks hand it rank-side full weights): each rank keeps its pieces."""
+    from mp_harness import run_ranks
+    import state_workers as S
+
+    got = run_ranks(S.weights_from_full_state, 2, "tiny-gpt2", [dict(tp=2), dict(fsdp=2), dict(pp=2)])[0]
+    assert got and all(got.values()), got

@@ -118,6 +118,16 @@ def init_seeded(par) -> None:
 
 
 @torch.no_grad()
+def init_from_state(par, state_dict: dict[str, torch.Tensor]) -> None:
+    """Every local shard cut from full tensors (`state_dict`, under the model's names)."""
+    aliases = {v: k for k, v in par.aliases.items()}
+    for name, p in owned_parameters(par).items():
+        full = state_dict[name] if name in state_dict else state_dict[aliases[name]]
+        for piece in pieces(p, par.perms.get(name)):
+            piece.view.copy_(full[tuple(slice(o, o + n) for o, n in zip(piece.offsets, piece.sizes))])
+
+
+@torch.no_grad()
 def init_buffers(par, roots: list[nn.Module]) -> None:
     """Buffers left garbage by to_empty, recomputed by the model's own `_init_weights`
     (modules that hold buffers and no parameters of their own: rotary tables)."""

@@ -32,14 +32,16 @@ FILLS = ("seed", "none")
 
 
 def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cpu", materialize: bool = True,
-                fill: str = "seed") -> Parallelized:
+                fill: str = "seed", state_dict: dict | None = None) -> Parallelized:
     """The model of `spec` laid out under `plan` on this rank.
 
     fill: 'seed' gives the local shards their values (the plan's seed, or the spec's local
     directory); 'none' leaves the storage uninitialized for a caller that loads a state
-    right after (runtime.checkpoint). Each parallelism is imported where it is applied:
-    tensor parallel and pipelining cost ~0.5 s each to import (measured), which plans
-    without them need not pay.
+    right after (runtime.checkpoint). `state_dict`: full tensors under the transformers
+    names to take the local shards from instead (a whole copy in this process: for small
+    models and notebooks; re-plans and checkpoints go through runtime.checkpoint). Each
+    parallelism is imported where it is applied: tensor parallel and pipelining cost ~0.5 s
+    each to import (measured), which plans without them need not pay.
     """
     if fill not in FILLS:
         raise ValueError(f"fill {fill!r} is not one of {', '.join(FILLS)}")
@@ -74,7 +76,11 @@ def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cp
     par.model = _apply_sharding(par, roots)  # 5. FSDP / HSDP / replicate, on meta tensors
     if not materialize:
         return par
-    _materialize(par, roots, fill)  # 6. storage for this rank's shards only, and their values
+    _materialize(par, roots, "none" if state_dict is not None else fill)  # 6. this rank's shards only
+    if state_dict is not None:
+        from .initialize import init_from_state
+
+        init_from_state(par, state_dict)
     if mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:  # 7. DDP needs real tensors
         from .parallel.dp import apply_dp
 
