@@ -8,7 +8,7 @@ import pytest
 
 from mp_harness import run_ranks
 import parity_workers as W
-from test_parallel_parity import GRAD_TOL, LOSS_TOL, STEPS, WEIGHT_TOL, max_diff
+from test_parallel_parity import GRAD_TOL, LOSS_TOL, STEPS, WEIGHT_TOL
 
 pytestmark = [pytest.mark.multirank, pytest.mark.slow]
 
@@ -18,5 +18,5 @@ def test_dp2_pp2_tp2_parity():
     got = run_ranks(W.parity_group, 8, [("3d", "tiny-llama", fields)], STEPS, timeout_s=420)[0]["3d"]
     ref = W.reference("tiny-llama", fields, STEPS)
     assert max(abs(a - b) for a, b in zip(ref["losses"], got["losses"])) <= LOSS_TOL
-    assert max_diff(ref["grads"], got["grads"]) <= GRAD_TOL
-    assert max_diff(ref["weights"], got["weights"]) <= WEIGHT_TOL
+    assert W.max_diff(ref["grads"], got["grads"]) <= GRAD_TOL
+    assert W.max_diff(ref["weights"], got["weights"]) <= WEIGHT_TOL

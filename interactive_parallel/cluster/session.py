@@ -290,7 +290,9 @@ class Session:
 
     async def verify_async(self) -> VerifyReport:
         """Loss and per-parameter gradient differences against one process holding the whole
-        model, on the current weights and the current step's batch (no optimizer step)."""
+        model, on the current weights and the current step's batch (no optimizer step). The
+        reference is built on rank 0 only; when it would not fit there, the report says so with
+        the numbers (`note`) instead of trying."""
         return await self.model.verify()
 
     async def save_async(self, path: str) -> str:

@@ -120,6 +120,7 @@ def load_model(spec: ModelSpec) -> str:
     st = _state.get()
     st.extra.pop("quantized", None)  # the old model's weights go with it
     st.reset_model()
+    st.extra.pop("pending_state", None)  # a re-plan's state of the model loaded before, if one failed
     st.spec = spec
     return spec.name
 
