@@ -128,7 +128,7 @@ def hf_generate(model, prompts: list[str], max_new_tokens: int) -> list[str]:
 
     tok = get_tokenizer()
     ids, mask = encode(prompts, "cpu")
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, use_cache=True,
                          suppress_tokens=list(range(len(tok), model.config.vocab_size)),
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     return decode_new(out[:, ids.shape[1]:])
@@ -142,10 +142,11 @@ def hf_generate_dir(path: str, prompts: list[str], max_new_tokens: int) -> list[
 
 
 def reference_generate(max_new_tokens: int) -> list[str]:
-    """transformers' generate on the seeded tiny-llama (the weights every plan starts from)."""
-    from interactive_parallel.runtime.models import build_model
+    """transformers' generate on the seeded tiny-llama: the weights every plan starts from
+    (runtime.initialize's), in one plain transformers model."""
+    from interactive_parallel.runtime.parallelize import parallelize
 
-    return hf_generate(build_model(PRESETS["tiny-llama"]).eval(), PROMPTS, max_new_tokens)
+    return hf_generate(parallelize(PRESETS["tiny-llama"], Plan()).raw.eval(), PROMPTS, max_new_tokens)
 
 
 def _logits(ids):
