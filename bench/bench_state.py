@@ -7,7 +7,7 @@ Prints three tables:
   in one process (runtime.models.build_model), which is what every rank did before the
   meta-device build;
 - re-plan: a warm `apply(dp4)` from dp2xtp2 and `apply + train(steps=20)` in a 4-rank
-  Session (tiny-llama, batch 8x64), without snapshots and with one every 10 steps; the
+  Session (tiny-llama, batch 8x64), without snapshots and with the default interval; the
   previous issue's target for apply + train(20) was ~1.2 s (accelerate's notebook_launcher:
   1.7-1.8 s, bench_session.py);
 - snapshot: one snapshot of weights and AdamW state (torch.distributed.checkpoint to the
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from interactive_parallel import Plan, Session
+from interactive_parallel.cluster.model_ops import SNAPSHOT_EVERY
 from interactive_parallel.runtime import api
 
 LLAMA_300M = dict(model_type="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
@@ -66,7 +67,7 @@ def replan_numbers(s: Session, repeats: int) -> dict:
     s.apply(Plan(dp=4, **BATCH))
     s.train(steps=3, snapshot_every=0)
     out = {}
-    for every in (0, 10):
+    for every in (0, SNAPSHOT_EVERY):
         applies, totals = [], []
         for _ in range(repeats):
             s.apply(Plan(dp=2, tp=2, **BATCH))
