@@ -26,7 +26,7 @@ from .calls import RankCaller, Submitted
 from .errors import RankError, RankTimeout, SessionError
 from .pool import Pool
 
-DEATH_WAIT_S = 2.0
+DEATH_WAIT_S = 4.0
 """After a failure, how long to look for a dead engine behind it (its peers fail first)."""
 _RANK_OWN_ERRORS = {"InjectedFault", "ValueError", "TypeError", "KeyError", "AttributeError", "NameError",
                     "AssertionError", "IndexError", "ZeroDivisionError", "NotImplementedError"}
