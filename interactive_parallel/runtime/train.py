@@ -15,12 +15,19 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import is_fake
 
 from ..plan import MeshAxis, Plan
 from ..records import StepRecord
 from .data import global_batch, local_slice
 from .loss import token_loss
 from .parallelized import Parallelized
+
+
+def scalar(t: torch.Tensor) -> float:
+    """`t.item()`, or NaN for a tensor without data: a dry run (runtime.dryrun) trains on
+    torch's fake tensors, whose values do not exist."""
+    return math.nan if is_fake(t) else t.item()
 
 
 def make_optimizer(par: Parallelized, foreach: bool | None = None) -> torch.optim.Optimizer:
@@ -89,7 +96,7 @@ def _pipeline_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
         par.schedule.step(*args, **kwargs)
     if not losses:
         return math.nan
-    return float(sum(x.item() for x in losses)) / (scaler.get_scale() if scaler else 1.0)
+    return float(sum(scalar(x) for x in losses)) / (scaler.get_scale() if scaler else 1.0)
 
 
 def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
@@ -106,7 +113,7 @@ def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
     (scaler.scale(loss) if scaler else loss).backward()
     value = loss.detach().clone()
     dist.all_reduce(value, group=par.group(MeshAxis.CP))
-    return value.item() / cp
+    return scalar(value) / cp
 
 
 def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> float:
@@ -127,7 +134,7 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
                 logits = par.forward_logits(mb[:, :-1])
             loss = token_loss(logits, mb[:, 1:]) / plan.grad_accum
             (scaler.scale(loss) if scaler else loss).backward()
-        total += loss.item()
+        total += scalar(loss)
     par.finish_grads()
     return total
 

@@ -29,6 +29,7 @@ from typing import Iterable
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake  # torch imports it itself: no cost
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -37,11 +38,25 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _key(t: torch.Tensor) -> tuple[int, int] | None:
+    """(identity, bytes) of the storage under `t`'s local part; None when it has none.
+
+    The identity is the data pointer, except for the fake tensors of a dry run
+    (runtime.dryrun), whose pointers are all 0: there it is the storage object itself,
+    which views share as they share data. Meta tensors hold nothing (a pipeline stage
+    runs on them while it infers shapes): None.
+    """
+    t = local(t)
+    if t.is_meta:
+        return None
     try:
-        s = local(t).untyped_storage()
+        s = t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
-    return (s.data_ptr(), s.nbytes()) if s.nbytes() else None
+    if not s.nbytes():
+        return None
+    if is_fake(t):
+        return (s._cdata, s.nbytes())
+    return (s.data_ptr(), s.nbytes())
 
 
 def unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:
