@@ -11,11 +11,12 @@ embeddings and the LM head; PP gives each rank its stages (loop order) plus embe
 FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every shard
 to the largest one (parameter and gradient storage are padded, AdamW moments are not).
 Optimizer: AdamW keeps 2 fp32 moments per element plus one 4-byte `step` per tensor.
-Parameters are fp32 under every precision (bf16 is autocast).
+Parameters are fp32 under every precision (bf16 is autocast). Activations are
+plan.activations' model, re-exported here.
 
 Pure Python: knows no torch. It does not know what the runtime actually allocates beyond
 these rules: the measured records (runtime/probes) are the truth, and tests hold these
-numbers to them (exactly for params/grads/optimizer on fp32 CPU runs).
+numbers to them (exactly for params/grads/optimizer, within 10% for activations).
 """
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ import math
 from dataclasses import dataclass
 
 from ..records import CommEstimate, MemoryRecord
+from .activations import predict_activations
 from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
 from .plan import Plan
 
+__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "local_tensors", "predict_activations",
+           "predict_memory", "predict_comms"]
+
 FP32 = 4
-ACT_FACTOR = 2.0
-"""Tests hold measured activations within this factor of `predict_activations`."""
 
 
 @dataclass(frozen=True)
@@ -140,58 +143,6 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
             held = storage = math.prod(shape)
         out.append((p, held, storage))
     return out
-
-
-def layer_activations(spec: ModelSpec, plan: Plan) -> tuple[float, float]:
-    """(floats saved per token by one decoder layer, floats it keeps until backward under the
-    plan's recomputation), fp32 elements, this rank's tp share.
-
-    Saved without recomputation: 16 hidden-wide tensors (norm inputs/outputs, q/k/v before
-    and after rotary, attention output, residuals) of which the attention and MLP parts split
-    under tp, plus 4 intermediate-wide ones (gate, its activation, up, the product) split
-    under tp. 'full' keeps only the layer's input. 'selective' keeps the input and the
-    outputs of matmuls, attention and collectives (runtime/parallel/ac.py): q, k, v, the
-    attention output, gate and up (split under tp), o and down (whole), and under tp the
-    all-reduced o and down.
-    """
-    h, i, tp = spec.hidden_size, spec.intermediate_size, plan.tp
-    saved = 6 * h + 10 * h / tp + 4 * i / tp
-    if plan.recompute == "full":
-        return saved, h
-    if plan.recompute == "selective":
-        return saved, 3 * h + 4 * h / tp + 2 * i / tp + (2 * h if tp > 1 else 0)
-    return saved, saved
-
-
-def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
-    """Peak bytes of tensors saved for backward on `rank` (an estimate, see ACT_FACTOR).
-
-    Per decoder layer and token: layer_activations (what recomputation keeps, plus, when it
-    recomputes, one layer's full set live during its backward); the head saves its input,
-    and the logits twice (they and the log-softmax). Tokens in flight: this rank's
-    micro-batch, its cp share of the sequence, and under PP the microbatches a stage holds
-    at once (GPipe: all; 1F1B: pp - stage).
-    """
-    coords = mesh_coords(rank, plan.mesh_shape)
-    rows = plan.batch_size // plan.data_parallel // plan.grad_accum
-    tokens = rows * plan.seq_len // plan.cp
-    h = spec.hidden_size
-    saved, kept = layer_activations(spec, plan)
-    layers = spec.num_layers
-    head = 0.0
-    one = tokens  # tokens of one forward: the recomputed layer's set is live for one at a time
-    if plan.pp == 1:
-        head = h + 2 * spec.vocab_size
-    else:
-        total, mine = plan.n_stages, plan.stage_ids(coords[MeshAxis.PP])
-        layers = spec.num_layers // total * len(mine)
-        head = h + 2 * spec.vocab_size if total - 1 in mine else 0.0
-        m = plan.n_microbatches
-        in_flight = m if plan.pp_schedule == "gpipe" else min(m, plan.pp - coords[MeshAxis.PP])
-        one = tokens // m
-        tokens = one * in_flight
-    recomputed = saved - kept if layers else 0.0
-    return int((tokens * (layers * kept + head) + one * recomputed) * FP32)
 
 
 def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:

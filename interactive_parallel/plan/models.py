@@ -141,6 +141,15 @@ class FamilyInfo:
     """Block level: the norms; sequence parallelism runs them on sequence shards."""
     norm_bias: bool = False
     """Whether the norms (block and final) have a bias next to their weight (LayerNorm vs RMSNorm)."""
+    norm_saves: tuple[int, int] = (2, 1)
+    """What one norm keeps for backward per token, in fp32: (hidden-wide tensors, scalars).
+    RMSNorm: its input and the normalized input, and the reciprocal RMS; LayerNorm: its input,
+    the mean and the reciprocal standard deviation (plan.activations reads it)."""
+    mlp_saves: int = 4
+    """Intermediate-wide tensors the MLP keeps for backward between its input linears and its
+    output linear, the output linear's input included: gated SiLU keeps the gate output, its
+    SiLU, the up output and their product (4); GPT-2's tanh GELU keeps its input, three
+    intermediates of the formula and its output (5)."""
     linears: dict[str, Linear] = field(default_factory=dict)
     """Block level path -> shape of every linear in a block (the estimator's inventory)."""
     weights_transposed: bool = False
@@ -215,6 +224,8 @@ FAMILIES: dict[str, FamilyInfo] = {
         mlp_path="mlp",
         norm_paths=("ln_1", "ln_2"),
         norm_bias=True,
+        norm_saves=(1, 2),
+        mlp_saves=5,
         linears={
             "attn.c_attn": Linear("hidden", "qkv", True),
             "attn.c_proj": Linear("hidden", "hidden", True),

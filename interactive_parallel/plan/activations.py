@@ -1,0 +1,227 @@
+"""The activation model: the peak bytes one rank keeps for backward during a training step.
+
+Owns the count, tensor by tensor, of what autograd saves in a decoder block, the embedding
+and the head of a transformers model as the runtime runs it, and how the plan scales it:
+tensor parallel splits heads and intermediate features; sequence parallel runs the norms on
+a sequence shard but gathers the whole sequence for the linears; context parallel keeps a
+sequence shard except the gathered K and V (and the causal mask of the rank's queries);
+bf16/fp16 autocast saves half-width copies of every linear's input (one per linear: the
+autocast cache only holds leaf tensors) and of every linear weight (one per step, FSDP's
+unsharded weights included), while norms, softmax statistics and the loss stay fp32;
+pipeline schedules keep several micro-batches in flight, counted by replaying the
+schedule's order of forwards and backwards (GPipe, 1F1B, Interleaved 1F1B as torch orders
+them). What differs between families is data in plan.models.FamilyInfo (norm_saves,
+mlp_saves, rotary_path, position_embedding_path, the tp_plan's colwise linears).
+
+"Activations" means what the memory probe measures (runtime/probes/memory.py): on CPU the
+peak of live bytes saved for backward, parameters excluded, each storage counted once. So
+the token ids count as the storage they are a view of (the global batch on CPU), and
+temporaries that are never saved (attention scores of the fused kernel, all-gather
+buffers, gradients in flight) are not counted. Measured on every parity plan of the test
+suite this model is exact (tests/test_activations.py holds it within 10%); on CUDA the
+allocator's peak also sees those temporaries, which this model does not know.
+
+Not modelled: dropout with p > 0 (the presets and shipped configs train without it),
+attention implementations other than SDPA, and MLP nonlinearities other than the two
+families' (mlp_saves). Pure Python: knows no torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .axes import MeshAxis, mesh_coords
+from .models import ModelSpec
+from .plan import Plan
+
+FP32, INT64 = 4, 8
+
+
+def act_bytes(plan: Plan) -> int:
+    """Bytes per element of what autocast computes in (matmul and attention outputs)."""
+    return 2 if plan.precision in ("bf16", "fp16") else FP32
+
+
+def micro_rows(plan: Plan) -> int:
+    """Sequences in one forward on this rank: its batch share, per accumulation micro-step and
+    pipeline microbatch."""
+    rows = plan.batch_size // plan.data_parallel // plan.grad_accum
+    return rows // plan.n_microbatches if plan.pp > 1 else rows
+
+
+def _colwise(spec: ModelSpec, module: str) -> int:
+    """How many input linears (colwise in the TP plan) read a block module's input."""
+    prefix = f"{module}."
+    return sum(1 for path, style in spec.family_info.block_tp_styles().items()
+               if path.startswith(prefix) and style.startswith("colwise"))
+
+
+@dataclass(frozen=True)
+class Parts:
+    """Bytes saved for backward by one forward of one micro-batch, by part of the model."""
+
+    norms: int = 0
+    linear_inputs: int = 0
+    attention: int = 0
+    mlp: int = 0
+    embedding: int = 0
+    head: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.norms + self.linear_inputs + self.attention + self.mlp + self.embedding + self.head
+
+    def __add__(self, other: "Parts") -> "Parts":
+        return Parts(*(a + b for a, b in zip(self._fields(), other._fields())))
+
+    def scaled(self, k: int) -> "Parts":
+        return Parts(*(a * k for a in self._fields()))
+
+    def _fields(self) -> tuple[int, ...]:
+        return (self.norms, self.linear_inputs, self.attention, self.mlp, self.embedding, self.head)
+
+
+def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
+    """One decoder block, one micro-batch of `rows` sequences on this rank."""
+    fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
+    h, q, kv, i = spec.hidden_size, spec.width("q"), spec.width("kv"), spec.intermediate_size
+    seq = plan.seq_len
+    tokens = rows * seq // plan.cp  # this rank's share of the sequence
+    sp = plan.sequence_parallel and tp > 1
+    wide, scalars = fam.norm_saves
+    norms = 2 * (tokens // tp if sp else tokens) * (wide * h + scalars) * FP32
+    # The input of the attention and of the MLP (whole sequence: SP gathers it): fp32, one
+    # tensor read by every input linear; under autocast a cast copy for each of them.
+    copies = [1, 1] if a == FP32 else [_colwise(spec, fam.attention_path), _colwise(spec, fam.mlp_path)]
+    inputs = sum(copies) * tokens * h * a
+    # SDPA keeps q, k, v, its output and the log-sum-exp per head (fp32).
+    attention = tokens * (2 * q // tp * a + spec.num_heads // tp * FP32)
+    if plan.cp > 1:  # whole-sequence K and V (GQA repeated first), and the causal mask of our queries
+        kv_width = q if spec.num_kv_heads != spec.num_heads else kv
+        attention += 2 * rows * seq * kv_width // tp * a + (seq // plan.cp) * seq * a
+    else:
+        attention += tokens * 2 * kv // tp * a
+    mlp = fam.mlp_saves * tokens * i // tp * a
+    return Parts(norms=norms, linear_inputs=inputs, attention=attention, mlp=mlp)
+
+
+def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: bool) -> Parts:
+    """What a forward of one micro-batch saves outside the blocks: rotary table, positions, head."""
+    fam, a = spec.family_info, act_bytes(plan)
+    seq = plan.seq_len // plan.cp
+    tokens = rows * seq
+    embedding = 0
+    if fam.rotary_path:  # cos and sin, (1, 1, seq, head_dim), fp32, shared by the blocks
+        embedding += 2 * seq * spec.head_dim * FP32
+    if first and fam.position_embedding_path:  # the learned positions' indices, (1, seq)
+        embedding += seq * INT64
+    if first and plan.cp > 1:  # CP cuts each rank's ids out of the batch: a new tensor
+        embedding += tokens * INT64
+    head = 0
+    if last:
+        wide, scalars = fam.norm_saves
+        head = tokens * (wide * spec.hidden_size + scalars) * FP32  # final norm (whole sequence)
+        head += tokens * spec.hidden_size * a  # the LM head's input
+        head += tokens * (spec.vocab_size * FP32 + INT64)  # fp32 log-probabilities, the targets
+        head += FP32  # the loss
+    return Parts(embedding=embedding, head=head)
+
+
+def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Saved once however many micro-batches run: the batch's token ids (first stage), and
+    under autocast the half-width copy of every linear weight the rank multiplies by."""
+    pp_rank = mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]
+    stages = plan.stage_ids(pp_rank) if plan.pp > 1 else [0]
+    out = 0
+    if 0 in stages and plan.cp == 1:
+        # The ids are a view of the global batch (runtime.train), whose whole storage counts;
+        # on CUDA they are copied over: this rank's rows only.
+        rows = plan.batch_size if plan.device == "cpu" else plan.batch_size // plan.data_parallel
+        out += rows * (plan.seq_len + 1) * INT64
+    if act_bytes(plan) != FP32:
+        out += weight_elements(spec, plan, rank, last=plan.n_stages - 1 in stages or plan.pp == 1) * act_bytes(plan)
+    return out
+
+
+def weight_elements(spec: ModelSpec, plan: Plan, rank: int, last: bool) -> int:
+    """Elements of the linear weights `rank` multiplies by: the TP shards of its blocks' linears
+    and, on the last stage, of the LM head; whole over FSDP, which gathers a unit's weights
+    before its forward (so the plan with fsdp folded into dp says what is multiplied: the
+    rank numbers of the two plans coincide)."""
+    from .estimate import local_tensors
+
+    fam = spec.family_info
+    head = f"{fam.embedding_path if spec.tied_embeddings else fam.lm_head_path}.weight"
+    leaves = {f"{path}.weight" for path in fam.linears}
+    gathered = plan.replace(dp=plan.dp * plan.fsdp, fsdp=1)
+    total = 0
+    for p, held, _ in local_tensors(spec, gathered, rank):
+        in_block = p.owner == "layer" and p.name[len(f"{fam.layers_path}.{p.layer}."):] in leaves
+        if in_block or (last and p.name == head):
+            total += held
+    return total
+
+
+def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
+    """One forward of one micro-batch through pipeline stage `stage` (the whole model without PP)."""
+    total = plan.n_stages if plan.pp > 1 else 1
+    layers = spec.num_layers // total
+    return layer_parts(spec, plan, rows).scaled(layers) + \
+        once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
+
+
+def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
+    """('F' | 'B', local stage index) in the order this pipeline rank runs them in one step.
+
+    GPipe: every forward, then every backward. 1F1B: min(microbatches, stages - stage)
+    forwards, then backward-forward pairs, then the remaining backwards. Interleaved 1F1B:
+    torch's order (depth first, warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
+    rank) forwards, then forward-backward pairs).
+    """
+    m = plan.n_microbatches
+    if plan.pp_schedule == "gpipe":
+        return [("F", 0)] * m + [("B", 0)] * m
+    if plan.pp_schedule == "1f1b":
+        warm = min(m, plan.n_stages - pp_rank)
+        return [("F", 0)] * warm + [op for _ in range(m - warm) for op in (("B", 0), ("F", 0))] + [("B", 0)] * warm
+    v, pp = plan.virtual_stages, plan.pp
+    per_round = m // max(1, m // pp)
+    warm = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
+    total = m * v
+
+    def fwd(op: int) -> int:
+        return (op // per_round) % v
+
+    def bwd(op: int) -> int:
+        return v - 1 - ((op - warm) // per_round) % v
+
+    order: list[tuple[str, int]] = []
+    for op in range(total):
+        if op < warm:
+            order.append(("F", fwd(op)))
+        else:
+            order += [("F", fwd(op)), ("B", bwd(op))]
+    order += [("B", bwd(op)) for op in range(total, total + warm)]
+    return order
+
+
+def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
+    """(what the in-flight micro-batches hold at the step's peak, what is held once per step)."""
+    coords = mesh_coords(rank, plan.mesh_shape)
+    rows = micro_rows(plan)
+    if plan.pp == 1:
+        return stage_parts(spec, plan, 0, rows), once_per_step(spec, plan, rank)
+    stages = plan.stage_ids(coords[MeshAxis.PP])
+    parts = [stage_parts(spec, plan, s, rows) for s in stages]
+    best, held = Parts(), [0] * len(stages)
+    for action, local in schedule_order(plan, coords[MeshAxis.PP]):
+        held[local] += 1 if action == "F" else -1
+        live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts())
+        if live.total > best.total:
+            best = live
+    return best, once_per_step(spec, plan, rank)
+
+
+def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Peak bytes saved for backward on `rank` during one training step (see the module docstring)."""
+    parts, once = peak_parts(spec, plan, rank)
+    return parts.total + once
