@@ -1,7 +1,9 @@
 """Model specs: the facts about a transformers causal LM that planning needs.
 
 Owns the preset registry (configs as plain dicts, built into transformers configs by the
-runtime) and, in FAMILIES, everything that differs between model families: module paths
+runtime), the configs the package ships for planning real models (CONFIGS: JSON files in
+interactive_parallel/configs, no weights: Llama-3-8B, Llama-3-70B, a Llama-3.1-405B shape
+and GPT-2 XL, its dropout off as in the presets), and, in FAMILIES, everything that differs between model families: module paths
 (blocks, embeddings, positions, rotary, norms, head, attention, MLP), each block linear's
 shape and TP style, Conv1D's transposed weights, the fused q|k|v projection, how attention
 takes its input, the tied head. Adding a family is adding one entry. Pure Python: knows
@@ -271,8 +273,23 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS: dict[str, Path] = {p.stem: p for p in sorted(CONFIG_DIR.glob("*.json"))}
+"""Shipped config name ('llama-3-70b') -> its JSON file: real models' shapes, for dry runs and estimates."""
+
+
 class UnknownModelError(ValueError):
-    """A model name that is neither a preset nor a local directory."""
+    """A model name that is neither a preset, a shipped config, a config file nor a local directory."""
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise UnknownModelError(f"cannot read config file {str(path)!r}: {e}") from None
+    if not isinstance(config, dict):
+        raise UnknownModelError(f"config file {str(path)!r} holds a {type(config).__name__}, not a JSON object")
+    return config
 
 
 def spec_from_config_dict(config: dict[str, Any], *, name: str = "custom", source: str | None = None) -> ModelSpec:
@@ -288,7 +305,8 @@ def spec_from_config_dict(config: dict[str, Any], *, name: str = "custom", sourc
 
 
 def resolve_model(model: Any) -> ModelSpec:
-    """A preset name, a local model directory, a config dict, or a transformers config object."""
+    """A preset name, a shipped config name (CONFIGS), a config JSON file, a local model directory,
+    a config dict, or a transformers config object."""
     if isinstance(model, ModelSpec):
         return model
     if isinstance(model, dict):
@@ -299,10 +317,14 @@ def resolve_model(model: Any) -> ModelSpec:
         key = str(model)
         if key in PRESETS:
             return PRESETS[key]
+        if key in CONFIGS:
+            return spec_from_config_dict(_read_config(CONFIGS[key]), name=key)
         path = Path(key).expanduser()
         if (path / "config.json").is_file():
-            config = json.loads((path / "config.json").read_text())
-            return spec_from_config_dict(config, name=path.name, source=str(path.resolve()))
+            return spec_from_config_dict(_read_config(path / "config.json"), name=path.name, source=str(path.resolve()))
+        if path.is_file():  # a config file alone: the shape, no weights
+            return spec_from_config_dict(_read_config(path), name=path.stem)
         raise UnknownModelError(
-            f"unknown model {key!r}: not a preset ({', '.join(PRESETS)}) and not a directory with a config.json")
+            f"unknown model {key!r}: not a preset ({', '.join(PRESETS)}), not a shipped config "
+            f"({', '.join(CONFIGS)}), not a config file and not a directory with a config.json")
     raise UnknownModelError(f"cannot make a model from {type(model).__name__}")
