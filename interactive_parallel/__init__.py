@@ -1,15 +1,15 @@
 """interactive_parallel: parallel training and inference of transformer models you can see and steer.
 
 Top-level names are light: importing the package imports no torch (the Session starts
-ranks that import it); `Session` is loaded on first use, and `panel()` loads ipywidgets
-and plotly only when called.
+ranks that import it); `Session` is loaded on first use, `panel()` loads ipywidgets and
+plotly only when called, and `dry_run()` loads torch only when called.
 """
 from .plan import Plan, PlanError
 from .records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, RankInfo, Request,
                       RequestRecord, ServeResult, ShardRecord, StepRecord, TokenRecord, VerifyReport)
 
 __version__ = "0.1.0"
-__all__ = ["Session", "Plan", "PlanError", "RankError", "RankTimeout", "SessionError", "panel", "StepRecord",
+__all__ = ["Session", "Plan", "PlanError", "RankError", "RankTimeout", "SessionError", "panel", "dry_run", "StepRecord",
            "MemoryRecord", "CommRecord", "ShardRecord", "PipelineEvent", "RankInfo", "TokenRecord", "VerifyReport",
            "Request", "RequestRecord", "ServeResult", "DecodeStep", "QuantizeRecord"]
 
@@ -20,6 +20,21 @@ def panel(session=None):
     from .widgets import panel as _panel
 
     return _panel(session)
+
+
+def dry_run(model, plan: Plan, world: int | None = None, **kwargs):
+    """Lay `model` (a preset, a shipped config such as 'llama-3-70b', a config file or directory)
+    out under `plan` over `world` virtual ranks in this process, with the runtime's own code on
+    fake tensors and torch's fake process group: no peers, no data, no weights. Returns a DryRun
+    holding the records a live session would (memory(), comms(), layout()); see
+    interactive_parallel.runtime.dryrun. A bad plan or model is refused before torch loads."""
+    from .plan import check, resolve_model
+
+    spec = resolve_model(model)
+    check(plan, plan.world_size if world is None else world, spec)
+    from .runtime.dryrun import dry_run as _dry_run
+
+    return _dry_run(spec, plan, world, **kwargs)
 
 
 def __getattr__(name):

@@ -351,6 +351,15 @@ class Session:
         spec = self.model.require_model()
         return RecordList(predict_comms(spec, plan or self.plan or self.model.default_plan()))
 
+    def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any):
+        """The loaded model laid out under `plan` (default: the current one) over `world` virtual
+        ranks (default: the plan's, which may exceed this session's), in this process on fake
+        tensors: a DryRun with the records a live session of that size would hold (memory(),
+        comms(), layout()). Touches no rank; loads torch here on first use."""
+        from ..runtime.dryrun import dry_run
+
+        return dry_run(self.model.require_model(), plan or self.plan or self.model.default_plan(), world, **kwargs)
+
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""
         await self.model.set_probes(flag)

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from ...plan import MESH_ORDER, mesh_coords
 from ...records import CommRecord
+from .memory import storage_id
 
 KINDS = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
@@ -202,7 +203,7 @@ def _kernel(op, short: str, functional: bool):
             return op.redispatch(keyset & after, *args, **kwargs)
         if short == "wait_tensor":
             out = op.redispatch(keyset & after, *args, **kwargs)
-            rec = ledger._functional.pop(args[0].untyped_storage().data_ptr(), None) if args else None
+            rec = ledger._functional.pop(storage_id(args[0]), None) if args else None
             if rec is not None:
                 ledger.finish(rec)
             return out
@@ -221,7 +222,7 @@ def _kernel(op, short: str, functional: bool):
             _NESTED.depth = 0
         if functional:
             for t in _tensors(out):
-                ledger._functional[t.untyped_storage().data_ptr()] = rec
+                ledger._functional[storage_id(t)] = rec
         else:
             work = out[-1] if isinstance(out, tuple) else out
             ledger.watch(work, rec)

@@ -37,26 +37,25 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return inner if isinstance(inner, torch.Tensor) else t
 
 
-def _key(t: torch.Tensor) -> tuple[int, int] | None:
-    """(identity, bytes) of the storage under `t`'s local part; None when it has none.
+def storage_id(t: torch.Tensor) -> int:
+    """Identity of the storage under `t`: its data pointer, except for the fake tensors of a dry
+    run (runtime.dryrun), whose pointers are all 0: there the storage object itself, which views
+    share as they share data."""
+    s = t.untyped_storage()
+    return s._cdata if is_fake(t) else s.data_ptr()
 
-    The identity is the data pointer, except for the fake tensors of a dry run
-    (runtime.dryrun), whose pointers are all 0: there it is the storage object itself,
-    which views share as they share data. Meta tensors hold nothing (a pipeline stage
-    runs on them while it infers shapes): None.
-    """
+
+def _key(t: torch.Tensor) -> tuple[int, int] | None:
+    """(storage_id, bytes) of the storage under `t`'s local part; None when it has none
+    (meta tensors hold nothing: a pipeline stage runs on them while it infers shapes)."""
     t = local(t)
     if t.is_meta:
         return None
     try:
-        s = t.untyped_storage()
+        nbytes = t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError):
         return None
-    if not s.nbytes():
-        return None
-    if is_fake(t):
-        return (s._cdata, s.nbytes())
-    return (s.data_ptr(), s.nbytes())
+    return (storage_id(t), nbytes) if nbytes else None
 
 
 def unique_bytes(tensors: Iterable[torch.Tensor | None]) -> int:

@@ -1,0 +1,377 @@
+"""Dry run: a plan laid over a virtual mesh of any size, in this process, with the runtime's own
+code and torch's fake process group: no peers, no data, no weights.
+
+Owns simulating ranks and expanding their records to the whole mesh. One simulated rank is
+torch's fake process group (FakeStore and the "fake" backend: every collective returns at
+once and moves nothing) joined as that rank, `runtime.parallelize` with `materialize=False`
+(the same pipeline split, tensor, context, recomputation and FSDP code on meta tensors),
+the rank's parameters and buffers then given FakeTensor storage (shapes, dtypes, no bytes),
+DDP and the pipeline schedule as parallelize adds them to a live layout, and one
+`runtime.train.train_step` under FakeTensorMode with the probes on: the memory probe, the
+comm ledger and the layout probe record what a live rank records, and nothing runs.
+
+Ranks are simulated once per class: ranks with the same pipeline coordinate and the same
+shard sizes (only FSDP over a dimension it does not divide evenly makes them differ) hold
+tensors of the same shapes and issue the same collectives, so every other rank's records
+are its class representative's with the rank, its groups and peers moved along the mesh
+and its index ranges recomputed by torch for its own coordinates
+(tests/test_dryrun.py checks the expansion against simulating every rank, and the records
+against a live run of the same plan).
+
+Where a simulated rank departs from a live one, and why:
+- the fake group delivers no bytes, so the one value a pipeline stage reads from its peers
+  before the first step, the vote on whether every stage knows its shapes, is answered as
+  every peer answers it (yes: runtime.parallel.pp gives every stage static shapes);
+- DDP's reducer reads the bucket back from its all-reduce's future, which the fake group
+  leaves empty: a comm hook issues the same all-reduce of the same bucket and returns it;
+- under FakeTensorMode a function whose tensor arguments are all real runs for real (token
+  ids, positions, index arithmetic): transformers reads such values to choose its path
+  (packed sequences, whether the causal mask can be skipped) and must choose as it does live.
+Knows nothing of ipyparallel or the client; imported lazily (it imports torch).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..plan import MESH_ORDER, MeshAxis, ModelSpec, Plan, check, mesh_coords, resolve_model
+from ..plan.estimate import local_tensors
+from ..records import CommRecord, MemoryRecord, RecordList, ShardRecord, StepRecord
+from .data import reuse_batches
+
+
+class DryRunError(RuntimeError):
+    """A dry run that cannot start here (this process already has a process group)."""
+
+
+# ---------------------------------------------------------------- classes of equivalent ranks
+
+def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
+    """rank -> the representative (lowest rank) of its class: same pipeline coordinate, same
+    sizes of every tensor it holds (plan.estimate.local_tensors)."""
+    sizes: dict[tuple[int, int, int], tuple] = {}
+    reps: dict[tuple, int] = {}
+    out = {}
+    for rank in range(plan.world_size):
+        c = mesh_coords(rank, plan.mesh_shape)
+        where = (c[MeshAxis.PP], c[MeshAxis.FSDP], c[MeshAxis.CP]) if plan.fsdp > 1 else (c[MeshAxis.PP], 0, 0)
+        if where not in sizes:
+            sizes[where] = tuple((held, storage) for _, held, storage in local_tensors(spec, plan, rank))
+        out[rank] = reps.setdefault((where[0], sizes[where]), rank)
+    return out
+
+
+def _rank_of(coords: dict[MeshAxis, int], plan: Plan) -> int:
+    rank = 0
+    for axis in MESH_ORDER:
+        rank = rank * getattr(plan, axis.value) + coords[axis]
+    return rank
+
+
+def move(group: list[int], rep: int, target: int, plan: Plan) -> list[int]:
+    """The group that is to `target` what `group` is to `rep`: along the axes on which the
+    group's members differ (its mesh axes) the members keep their coordinates; on every other
+    axis they take target's. A pair [rep, peer] moves a send or recv's peer."""
+    shape = plan.mesh_shape
+    coords = [mesh_coords(m, shape) for m in group]
+    own, mine = mesh_coords(rep, shape), mesh_coords(target, shape)
+    along = {a for c in coords for a in MESH_ORDER if c[a] != own[a]}
+    return [_rank_of({a: c[a] if a in along else mine[a] for a in MESH_ORDER}, plan) for c in coords]
+
+
+# ---------------------------------------------------------------- the records of a dry run
+
+@dataclass
+class _Simulated:
+    """What one simulated rank recorded."""
+
+    memory: MemoryRecord
+    comms: list[CommRecord]
+    shards: list[ShardRecord]
+    placements: dict[str, tuple[tuple[str, ...], tuple[int, ...], tuple]]
+    """param -> (mesh dim names, mesh shape, torch placements) of its DTensor parameters."""
+    step: StepRecord
+    seconds: float
+
+
+@dataclass
+class DryRun:
+    """The records of a plan laid over `world` virtual ranks, as a live session would hold them.
+
+    memory(): a MemoryRecord per rank; comms(ranks): the CommRecords of one training step;
+    layout(rank=..., param=...): ShardRecords of a rank, or of one parameter on every rank.
+    Records of ranks that were not simulated are their class representative's, moved.
+    """
+
+    spec: ModelSpec
+    plan: Plan
+    classes: dict[int, int]
+    """rank -> the simulated rank whose records it shares (moved to it)."""
+    simulated: dict[int, _Simulated] = field(repr=False)
+    seconds: float = 0.0
+    """Wall time of the whole dry run."""
+
+    @property
+    def world(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def representatives(self) -> list[int]:
+        return sorted(self.simulated)
+
+    def __repr__(self) -> str:
+        return (f"<DryRun {self.spec.name} {self.plan.describe()} on {self.world} virtual ranks: "
+                f"{len(self.simulated)} simulated, {self.seconds:.1f} s>")
+
+    def memory(self) -> RecordList:
+        """One MemoryRecord per rank, rank order (as Session.memory())."""
+        from ..cluster.telemetry import MEMORY_COLUMNS
+
+        return RecordList([replace(self.simulated[self.classes[r]].memory, rank=r) for r in range(self.world)],
+                          columns=MEMORY_COLUMNS)
+
+    def iter_comms(self, ranks: Iterable[int] | None = None) -> Iterator[CommRecord]:
+        """The CommRecords of one step of each of `ranks` (None: every rank), generated one by one."""
+        for r in range(self.world) if ranks is None else ranks:
+            rep = self.classes[r]
+            for c in self.simulated[rep].comms:
+                yield c if r == rep else replace(
+                    c, rank=r, group=move(c.group, rep, r, self.plan),
+                    peer=None if c.peer is None else move([rep, c.peer], rep, r, self.plan)[1])
+
+    def comms(self, ranks: Iterable[int] | int | None = None) -> RecordList:
+        """CommRecords of one step of a rank, of several, or (None) of every rank."""
+        return RecordList(self.iter_comms([ranks] if isinstance(ranks, int) else ranks))
+
+    def layout(self, rank: int | None = None, param: str | None = None) -> RecordList:
+        """ShardRecords: every parameter `rank` holds, or `param` on every rank holding it."""
+        if rank is None and param is None:
+            raise ValueError("layout() needs rank= or param=")
+        ranks = [rank] if rank is not None else range(self.world)
+        out = []
+        for r in ranks:
+            if not 0 <= r < self.world:
+                raise ValueError(f"rank {r} is outside the mesh of {self.world} ranks")
+            out += [s for s in self._shards(r) if param is None or s.param == param]
+        if param is not None and not out:
+            known = sorted({s.param for sim in self.simulated.values() for s in sim.shards})
+            raise KeyError(f"no rank holds {param!r}; parameters: {', '.join(known[:6])}, ...")
+        return RecordList(out)
+
+    def _shards(self, rank: int) -> list[ShardRecord]:
+        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+        rep = self.classes[rank]
+        sim = self.simulated[rep]
+        if rank == rep:
+            return sim.shards
+        coords = mesh_coords(rank, self.plan.mesh_shape)
+        named = {a.value: c for a, c in coords.items()}
+        shown = {a: v for a, v in named.items() if getattr(self.plan, a) > 1}
+        out = []
+        for s in sim.shards:
+            if s.param not in sim.placements:
+                out.append(replace(s, rank=rank, coords=shown))
+                continue
+            names, mesh_shape, placements = sim.placements[s.param]
+            coordinate = [_flat_coordinate(name, named, self.plan) for name in names]
+            local, offset = _compute_local_shape_and_global_offset(s.global_shape, mesh_shape, coordinate, placements)
+            out.append(replace(s, rank=rank, coords=shown, local_shape=[int(n) for n in local],
+                               index=[[int(o), int(o) + int(n)] for o, n in zip(offset, local)]))
+        return out
+
+    def steps(self) -> RecordList:
+        """The StepRecord of each simulated rank (loss NaN: there are no values)."""
+        return RecordList([self.simulated[r].step for r in self.representatives])
+
+
+def _flat_coordinate(name: str, coords: dict[str, int], plan: Plan) -> int:
+    """A rank's index along a mesh dim, flattened dims ('dp_cp') included."""
+    out = 0
+    for axis in name.split("_"):
+        out = out * getattr(plan, axis) + coords[axis]
+    return out
+
+
+# ---------------------------------------------------------------- simulating one rank
+
+class _RealWhereReal(torch.overrides.TorchFunctionMode):
+    """Under FakeTensorMode, run a function for real when none of its tensor arguments is fake
+    (and the index factories arange and tensor): token ids, positions and masks keep their values."""
+
+    FACTORIES = (torch.arange, torch.tensor)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
+        kwargs = kwargs or {}
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        tensors += [t for a in args if isinstance(a, (list, tuple)) for t in a if isinstance(t, torch.Tensor)]
+        real = func in self.FACTORIES if not tensors else not any(is_fake(t) for t in tensors)
+        if real:
+            with unset_fake_temporarily():
+                return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _fake_storage(par, fake_mode) -> None:
+    """Give the rank's meta parameters and buffers FakeTensor storage on the CPU, in place.
+
+    A DTensor parameter (TP, FSDP, replicate) is swapped, object kept, with a DTensor of the
+    same spec over a fake local tensor (as `to_empty` with swapping does: FSDP keeps the
+    Parameters it registered and re-reads them at its first forward); a plain parameter is
+    replaced by one fake Parameter under every name the model gives it, so a tied embedding
+    and head stay one (torch cannot swap a meta Parameter with a fake one).
+    """
+    from torch.distributed.tensor import DTensor
+
+    def fake_like(t: torch.Tensor) -> torch.Tensor:
+        with fake_mode:
+            return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+
+    roots = par.stages if par.stages else [par.raw]
+    new: dict[int, nn.Parameter] = {}
+    for root in roots:
+        for p in root.parameters():
+            if not p.is_meta or id(p) in new:
+                continue
+            if isinstance(p, DTensor):
+                local = DTensor(fake_like(p._local_tensor), p._spec, requires_grad=p.requires_grad)
+                torch.utils.swap_tensors(p, nn.Parameter(local, requires_grad=p.requires_grad))
+            else:
+                new[id(p)] = nn.Parameter(fake_like(p), requires_grad=p.requires_grad)
+        for module in root.modules():
+            for name, b in list(module._buffers.items()):
+                if b is not None and b.is_meta:
+                    module._buffers[name] = fake_like(b)
+    for module in par.raw.modules():  # every name of a replaced parameter, outside the roots too
+        for name, p in list(module._parameters.items()):
+            if p is not None and id(p) in new:
+                module._parameters[name] = new[id(p)]
+
+
+def _answer_vote(schedule) -> None:
+    """Each stage's vote on static shapes comes back as its peers would send it: yes (1)."""
+    from ..runtime.probes.pipeline import schedule_stages
+
+    for stage in schedule_stages(schedule):
+        send_and_recv = stage._warmup_backward_result
+
+        def vote(received_result=None, _own=send_and_recv):
+            _own(received_result)  # the p2p a live stage runs, seen by the comm ledger
+            return torch.tensor([1], dtype=torch.int32)
+
+        stage._warmup_backward_result = vote
+
+
+def _ddp_hook(group, bucket):
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer, group=group)
+    done = torch.futures.Future()
+    done.set_result(buffer)
+    return done
+
+
+def _layout(spec: ModelSpec, plan: Plan, fake_mode):
+    """runtime.parallelize's layout of this rank on meta tensors, made fake, with DDP and the
+    pipeline schedule added as parallelize adds them to a materialized layout."""
+    from .parallelize import parallelize
+
+    par = parallelize(spec, plan, device="cpu", materialize=False)
+    _fake_storage(par, fake_mode)
+    if par.mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        from .parallel.dp import apply_dp
+
+        par.model = apply_dp(par.raw, par.mesh, axis=MeshAxis.DP.value, device=par.device)
+        if isinstance(par.model, DistributedDataParallel):
+            par.model.register_comm_hook(par.model.process_group, _ddp_hook)
+    if plan.pp > 1:
+        from .parallel.pp import apply_schedule
+
+        par.schedule, par.schedule_key = apply_schedule(par.stages, plan, par.group(MeshAxis.PP), par.device)
+        _answer_vote(par.schedule)
+    return par
+
+
+def _placements(par) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], tuple]]:
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in par.raw.named_parameters():
+        if isinstance(p, DTensor):
+            mesh = p.device_mesh
+            out[name] = (tuple(mesh.mesh_dim_names or ()), tuple(mesh.shape), tuple(p.placements))
+    return out
+
+
+def _forget_groups() -> None:
+    """Leave the fake group, and drop DTensor's caches keyed by mesh shape: a mesh of the same
+    shape on the next simulated rank has other groups (they would return the old ones)."""
+    from torch.distributed.tensor import _redistribute
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _clear_sharding_prop_cache()
+    _redistribute.clear_redistribute_planner_cache()
+    if hasattr(_redistribute, "_gen_transform_infos"):
+        _redistribute._gen_transform_infos.cache_clear()
+
+
+def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> _Simulated:
+    """One rank of `plan` run for `steps` training steps on the fake group; its last step's records."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from . import probes
+    from .train import make_optimizer, train_step
+
+    start = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        par = _layout(spec, plan, fake_mode)
+        optimizer = make_optimizer(par)
+        with fake_mode, _RealWhereReal():
+            for step in range(steps):
+                rec = train_step(par, optimizer, step, rank=rank)
+        shards = probes.shard_records(par, rank)
+        placements = _placements(par)
+    finally:
+        _forget_groups()
+    memory = replace(rec.memory, rss=0, device=plan.device)
+    return _Simulated(memory=memory, comms=rec.comms, shards=shards, placements=placements,
+                      step=replace(rec, memory=memory, comms=[], events=[]), seconds=time.perf_counter() - start)
+
+
+def dry_run(model: Any, plan: Plan, world: int | None = None, *, steps: int = 1,
+            exhaustive: bool = False) -> DryRun:
+    """Lay `model` (a preset, a shipped config such as 'llama-3-70b', a config file or
+    directory, a config dict or object) out under `plan` over `world` virtual ranks (default:
+    the plan's) and run `steps` training steps on fake tensors; the records of the last.
+
+    Every problem with the plan is refused before any work (PlanError naming the numbers), as
+    is a model that cannot be read (UnknownModelError). exhaustive=True simulates every rank
+    instead of one per class (for tests: slow on large meshes).
+    """
+    spec = resolve_model(model)
+    world = plan.world_size if world is None else world
+    check(plan, world, spec)
+    if dist.is_initialized():
+        raise DryRunError("a dry run joins its own fake process group, and this process already has one "
+                          "(run it in a process that is not a rank)")
+    start = time.perf_counter()
+    classes = {r: r for r in range(world)} if exhaustive else rank_classes(spec, plan)
+    with reuse_batches():
+        simulated = {rep: simulate(spec, plan, rep, steps) for rep in sorted(set(classes.values()))}
+    return DryRun(spec=spec, plan=plan, classes=classes, simulated=simulated, seconds=time.perf_counter() - start)
+
+
+__all__ = ["DryRun", "DryRunError", "dry_run", "rank_classes", "move", "simulate"]

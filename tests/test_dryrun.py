@@ -1,0 +1,199 @@
+"""The dry run (runtime/dryrun.py): the runtime's own layout and training step on fake tensors
+and torch's fake process group, in this process.
+
+Oracles: a live run of the same plan on spawned gloo ranks (memory exactly; the same
+collectives with the same bytes, dtypes, axes, groups and peers; the same layout), for every
+parity plan of tests/test_parallel_parity.py; and the dry run that simulates every rank
+against the one that simulates one rank per class and moves the records (equal). Bad input
+is refused with its numbers before any process group exists.
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+
+from interactive_parallel import Plan, PlanError
+from interactive_parallel.plan import PRESETS, UnknownModelError
+from interactive_parallel.records import CommRecord, MemoryRecord, ShardRecord
+
+
+def _comm_key(c: CommRecord) -> tuple:
+    return (c.op, c.bytes, c.dtype, c.axis, tuple(c.group), c.peer)
+
+
+def _per_rank(comms) -> dict[int, collections.Counter]:
+    out: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for c in comms:
+        out[c.rank][_comm_key(c)] += 1
+    return dict(out)
+
+
+def _shard_key(s: ShardRecord) -> tuple:
+    return (s.param, s.rank, tuple(s.global_shape), tuple(s.local_shape), tuple(s.placements),
+            tuple(s.mesh_axes), tuple(sorted(s.coords.items())), tuple(map(tuple, s.index)), s.stage)
+
+
+# ---------------------------------------------------------------- refused before any work
+
+@pytest.mark.pure
+@pytest.mark.parametrize("model,plan,world,message", [
+    ("tiny-llama", Plan(tp=3, batch_size=8), 3, "tp(3) does not divide num_attention_heads(4)"),
+    ({**PRESETS["tiny-llama"].config, "num_key_value_heads": 2}, Plan(tp=4), 4,
+     "tp(4) does not divide num_key_value_heads(2)"),
+    ("tiny-llama", Plan(pp=8, batch_size=8), 8, "num_hidden_layers(4) < pipeline stages pp(8)"),
+    ("llama-3-70b", Plan(dp=16, pp=8, tp=8, batch_size=128), 512, "dp(16) * tp(8) * pp(8) = 1024 != ranks(512)"),
+])
+def test_bad_plans_refused_with_their_numbers(model, plan, world, message):
+    import sys
+
+    from interactive_parallel import dry_run
+
+    before = set(sys.modules)
+    with pytest.raises(PlanError) as err:
+        dry_run(model, plan, world)
+    assert message in str(err.value)
+    assert "torch" not in set(sys.modules) - before or "torch" in before  # refused before any work
+
+
+@pytest.mark.pure
+def test_unknown_config_refused_naming_what_is_known(tmp_path):
+    from interactive_parallel import dry_run
+
+    with pytest.raises(UnknownModelError, match="llama-3-70b"):
+        dry_run(str(tmp_path / "nowhere.json"), Plan(dp=2), 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model_type": "bert", "vocab_size": 10}')
+    with pytest.raises(UnknownModelError, match="model_type 'bert'"):
+        dry_run(str(bad), Plan(dp=2), 2)
+
+
+# ---------------------------------------------------------------- one rank per class
+
+CLASS_PLANS = [
+    pytest.param("tiny-llama", dict(dp=2, tp=2, pp=2, microbatches=2), id="dp2xtp2xpp2"),
+    pytest.param({**PRESETS["tiny-llama"].config, "vocab_size": 130}, dict(fsdp=4, batch_size=8), id="fsdp4-uneven"),
+    pytest.param("tiny-gpt2", dict(pp=2, tp=2, sequence_parallel=True), id="gpt2-pp2xtp2-sp"),
+    pytest.param("tiny-llama", dict(pp=2, pp_schedule="interleaved-1f1b", dp=2), id="pp2-interleaved-dp2"),
+    pytest.param("tiny-llama", dict(dp=2, cp=2, fsdp=2), id="dp2xfsdp2xcp2"),
+]
+
+
+@pytest.mark.rank1
+@pytest.mark.parametrize("model,fields", CLASS_PLANS)
+def test_classes_moved_equal_every_rank_simulated(model, fields):
+    from interactive_parallel import dry_run
+
+    plan = Plan(**{"batch_size": 8, "seq_len": 32, **fields})
+    every, classes = dry_run(model, plan, exhaustive=True), dry_run(model, plan)
+    assert len(classes.simulated) < plan.world_size == len(every.simulated)
+    assert list(classes.memory()) == list(every.memory())
+    assert _per_rank(classes.comms()) == _per_rank(every.comms())
+    for rank in range(plan.world_size):
+        assert sorted(map(_shard_key, classes.layout(rank=rank))) == sorted(map(_shard_key, every.layout(rank=rank)))
+
+
+@pytest.mark.rank1
+def test_uneven_fsdp_shards_make_their_own_class():
+    from interactive_parallel.runtime.dryrun import rank_classes
+
+    odd = {**PRESETS["tiny-llama"].config, "vocab_size": 130}  # 130 rows over 4: 33, 33, 33, 31
+    from interactive_parallel.plan.models import resolve_model
+
+    classes = rank_classes(resolve_model(odd), Plan(fsdp=4))
+    assert classes == {0: 0, 1: 0, 2: 0, 3: 3}
+
+
+@pytest.mark.rank1
+def test_a_parameter_across_every_rank_tiles_the_whole_tensor():
+    from interactive_parallel import dry_run
+
+    d = dry_run("tiny-llama", Plan(fsdp=2, tp=2, pp=2, batch_size=8, seq_len=32))
+    name = "model.layers.3.mlp.down_proj.weight"  # on stage 1: ranks 4-7
+    shards = d.layout(param=name)
+    assert sorted(s.rank for s in shards) == [4, 5, 6, 7] and all(s.stage == 1 for s in shards)
+    covered = collections.Counter()
+    for s in shards:
+        (r0, r1), (c0, c1) = s.index
+        assert [r1 - r0, c1 - c0] == s.local_shape
+        covered.update((r, c) for r in range(r0, r1) for c in range(c0, c1))
+    rows, cols = shards[0].global_shape
+    assert len(covered) == rows * cols and set(covered.values()) == {1}  # each element exactly once
+    with pytest.raises(KeyError, match="no rank holds"):
+        d.layout(param="no.such.weight")
+
+
+@pytest.mark.rank1
+def test_shipped_config_on_a_mesh_larger_than_this_machine():
+    """Llama-3-8B's shape over 64 virtual ranks: a few seconds, no weights."""
+    from interactive_parallel import dry_run
+    from interactive_parallel.plan.estimate import predict_memory
+
+    plan = Plan(dp=4, pp=4, tp=4, batch_size=16, seq_len=64, precision="bf16")
+    d = dry_run("llama-3-8b", plan)
+    mem = d.memory()
+    assert len(mem) == 64 and all(isinstance(m, MemoryRecord) for m in mem)
+    assert sum(m.params for m in mem[:16:4]) * 4 > 8e9 * 4  # 4 stages x tp 4 hold every fp32 weight
+    predicted = predict_memory(d.spec, plan)
+    for m, p in zip(mem, predicted):
+        assert (m.params, m.grads, m.optimizer) == (p.params, p.grads, p.optimizer)
+        assert math.isclose(m.activations, p.activations, rel_tol=0.10)
+    axes = {c.axis for c in d.comms(0)}
+    assert {"tp", "pp", "dp"} <= axes
+    assert d.plan.world_size == 64 and len(d.simulated) == 4
+
+
+# ---------------------------------------------------------------- against a live run
+
+def _live_records(rank: int, configs: list, precision: str) -> dict:
+    from interactive_parallel.runtime import probes, state
+    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.train import make_optimizer, train_step
+
+    out = {}
+    for label, preset, fields in configs:
+        par = parallelize(PRESETS[preset], Plan(**fields, precision=precision))
+        rec = train_step(par, make_optimizer(par), 0, rank=rank)
+        out[label] = (rec.memory, rec.comms, probes.shard_records(par, rank))
+        state.get().reset_model()
+    return out
+
+
+@pytest.fixture(scope="module")
+def live():
+    from mp_harness import run_ranks
+    from test_parallel_parity import CONFIGS_2, CONFIGS_4
+
+    out: dict = {}
+    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
+        for precision in ("fp32", "bf16"):
+            for rank, recs in enumerate(run_ranks(_live_records, world, configs, precision, timeout_s=600)):
+                for label, value in recs.items():
+                    out.setdefault((label, precision), {})[rank] = value
+    return out
+
+
+def _parity_plans():
+    from test_parallel_parity import ALL
+
+    return [pytest.param(label, precision, id=f"{label}-{precision}")
+            for label in ALL for precision in ("fp32", "bf16")]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("label,precision", _parity_plans())
+def test_dry_run_records_equal_a_live_run(live, label, precision):
+    from test_parallel_parity import ALL
+
+    from interactive_parallel import dry_run
+
+    preset, fields = ALL[label]
+    d = dry_run(preset, Plan(**fields, precision=precision))
+    got = live[label, precision]
+    for rank, (memory, comms, shards) in got.items():
+        dry = d.memory()[rank]
+        assert (dry.params, dry.grads, dry.optimizer, dry.activations) == \
+            (memory.params, memory.grads, memory.optimizer, memory.activations), rank
+        assert _per_rank(d.comms(rank)).get(rank, {}) == _per_rank(comms).get(rank, {}), rank
+        assert sorted(map(_shard_key, d.layout(rank=rank))) == sorted(map(_shard_key, shards)), rank
