@@ -9,6 +9,7 @@ from ._common import EMPTY_TEXT, human_bytes
 from .comms import comm_breakdown, comm_breakdown_figure, comm_matrix, comm_matrix_figure
 from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
 from .memory import memory_figure
+from .mesh import MeshGrid, comm_links, mesh_figure, mesh_grid
 from .pipeline import bubble_fractions, pipeline_figure
 from .report import figures_from_records, write_report
 from .serving import latency_figure, request_phases, request_timeline_figure
@@ -22,4 +23,5 @@ __all__ = [
     "sharding_figure", "layout_table", "shard_regions", "write_report", "figures_from_records",
     "tokens_per_step_figure", "kv_memory_figure", "step_split_figure", "quantization_figure",
     "request_timeline_figure", "latency_figure", "request_phases",
+    "MeshGrid", "mesh_grid", "comm_links", "mesh_figure",
 ]
