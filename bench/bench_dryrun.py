@@ -1,0 +1,61 @@
+"""Wall time and peak memory of a dry run: Llama-3-70B on 1,024 virtual ranks (dp 16 x pp 8 x tp 8).
+
+Each case runs in a fresh Python process (so its peak resident memory is the dry run's,
+torch and transformers imports included) and prints one table row: the plan, virtual
+ranks, simulated ranks, seconds for the dry run itself (torch's import included: it loads
+on the first call) and for the whole process, and the process's peak RSS. The goal (issue 11): <= 60 s and <= 2 GB on a 2-core machine.
+Run: .venv/bin/python bench/bench_dryrun.py [--quick]   (--quick: Llama-3-8B on 64 ranks only)
+Knows nothing of pytest or of a Session.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+CASES = [
+    ("llama-3-70b", "dp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
+    ("llama-3-70b", "fsdp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
+    ("llama-3.1-405b", "fsdp=8 pp=14 tp=8 batch_size=112 seq_len=8192 precision=bf16"),
+]
+QUICK = [("llama-3-8b", "dp=4 pp=4 tp=4 batch_size=16 seq_len=2048 precision=bf16")]
+
+CHILD = r"""
+import json, resource, sys, time
+from interactive_parallel import Plan, dry_run
+model, text = sys.argv[1], sys.argv[2]
+t = time.perf_counter()
+d = dry_run(model, Plan.parse(text))
+run_s = time.perf_counter() - t
+print(json.dumps({"world": d.world, "simulated": len(d.simulated), "run_s": run_s,
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+
+def run_case(model: str, plan: str) -> dict:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", CHILD, model, plan], capture_output=True, text=True, timeout=1800)
+    if out.returncode:
+        raise RuntimeError(f"{model} {plan}: exit {out.returncode}\n{out.stderr[-3000:]}")
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    row["process_s"] = time.perf_counter() - t  # interpreter start and imports included
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="Llama-3-8B on 64 ranks only")
+    parser.add_argument("--first", action="store_true", help="only the 70B on 1,024 ranks (the issue's goal)")
+    args = parser.parse_args()
+    cases = QUICK if args.quick else CASES[:1] if args.first else CASES
+    print(f"{'model':15} {'plan':55} {'ranks':>6} {'simulated':>9} {'dry run s':>9} {'process s':>9} {'peak RSS':>9}")
+    for model, plan in cases:
+        r = run_case(model, plan)
+        print(f"{model:15} {plan:55} {r['world']:6d} {r['simulated']:9d} {r['run_s']:9.1f} {r['process_s']:9.1f} "
+              f"{r['peak_rss'] / 2 ** 30:7.2f} GiB", flush=True)
+
+
+if __name__ == "__main__":
+    main()
