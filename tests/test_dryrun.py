@@ -197,3 +197,22 @@ def test_dry_run_records_equal_a_live_run(live, label, precision):
             (memory.params, memory.grads, memory.optimizer, memory.activations), rank
         assert _per_rank(d.comms(rank)).get(rank, {}) == _per_rank(comms).get(rank, {}), rank
         assert sorted(map(_shard_key, d.layout(rank=rank))) == sorted(map(_shard_key, shards)), rank
+
+
+# ---------------------------------------------------------------- from a Session
+
+@pytest.mark.session
+def test_session_dry_run_matches_its_ranks_and_goes_beyond_them(session4):
+    s = session4
+    s.load_model("tiny-llama")
+    plan = Plan(dp=2, tp=2, batch_size=8, seq_len=32)
+    s.apply(plan)
+    s.train(steps=1)
+    live = sorted(s.memory(), key=lambda m: m.rank)
+    same = s.dry_run()  # the applied plan, in this (client) process
+    assert [(m.params, m.grads, m.optimizer, m.activations) for m in same.memory()] == \
+        [(m.params, m.grads, m.optimizer, m.activations) for m in live]
+    bigger = s.dry_run(Plan(dp=8, tp=2, pp=2, batch_size=32, seq_len=32))
+    assert bigger.world == 32 > s.world_size and len(bigger.memory()) == 32
+    with pytest.raises(PlanError, match=r"= 32 != ranks\(16\)"):
+        s.dry_run(Plan(dp=8, tp=2, pp=2, batch_size=32), world=16)

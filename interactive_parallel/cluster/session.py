@@ -356,9 +356,13 @@ class Session:
         ranks (default: the plan's, which may exceed this session's), in this process on fake
         tensors: a DryRun with the records a live session of that size would hold (memory(),
         comms(), layout()). Touches no rank; loads torch here on first use."""
+        from ..plan import check
+
+        spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
+        check(plan, plan.world_size if world is None else world, spec)  # before torch loads here
         from ..runtime.dryrun import dry_run
 
-        return dry_run(self.model.require_model(), plan or self.plan or self.model.default_plan(), world, **kwargs)
+        return dry_run(spec, plan, world, **kwargs)
 
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""

@@ -132,11 +132,9 @@ class DryRun:
                 f"{len(self.simulated)} simulated, {self.seconds:.1f} s>")
 
     def memory(self) -> RecordList:
-        """One MemoryRecord per rank, rank order (as Session.memory())."""
-        from ..cluster.telemetry import MEMORY_COLUMNS
-
+        """One MemoryRecord per rank, rank order (as Session.memory(); rss is 0: nothing ran)."""
         return RecordList([replace(self.simulated[self.classes[r]].memory, rank=r) for r in range(self.world)],
-                          columns=MEMORY_COLUMNS)
+                          columns=("rank", "step", "params", "grads", "optimizer", "activations"))
 
     def iter_comms(self, ranks: Iterable[int] | None = None) -> Iterator[CommRecord]:
         """The CommRecords of one step of each of `ranks` (None: every rank), generated one by one."""
