@@ -67,3 +67,31 @@ def live_session(ranks: int, **options):
 def session4():
     with live_session(4) as s:
         yield s
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@pytest.fixture(scope="session")
+def parity_steps():
+    """{(label, precision): {rank: (MemoryRecord, [CommRecord], [ShardRecord])}}: one training step of
+    every parity plan (tests/test_parallel_parity.py) in fp32 and bf16, on spawned gloo ranks;
+    the measured side of tests/test_activations.py and tests/test_dryrun.py (run once for both)."""
+    from mp_harness import run_ranks
+    from parity_workers import one_step_records
+    from test_parallel_parity import CONFIGS_2, CONFIGS_4
+
+    out: dict = {}
+    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
+        for precision in PRECISIONS:
+            for rank, recs in enumerate(run_ranks(one_step_records, world, configs, precision, timeout_s=600)):
+                for label, value in recs.items():
+                    out.setdefault((label, precision), {})[rank] = value
+    return out
+
+
+def parity_plan_params() -> list:
+    """pytest params (label, precision) of every parity plan in both precisions."""
+    from test_parallel_parity import ALL
+
+    return [pytest.param(label, precision, id=f"{label}-{precision}") for label in ALL for precision in PRECISIONS]

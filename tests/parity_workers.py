@@ -49,6 +49,21 @@ def reference(preset: str, fields: dict, steps: int) -> dict:
     return train_and_grads(PRESETS[preset], plan, steps)
 
 
+def one_step_records(rank: int, configs: list[tuple[str, str, dict]], precision: str) -> dict:
+    """{label: (MemoryRecord, [CommRecord], [ShardRecord])} of one training step per plan on this rank."""
+    from interactive_parallel.runtime import probes, state
+    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.train import make_optimizer, train_step
+
+    out = {}
+    for label, preset, fields in configs:
+        par = parallelize(PRESETS[preset], Plan(**fields, precision=precision))
+        rec = train_step(par, make_optimizer(par), 0, rank=rank)
+        out[label] = (rec.memory, rec.comms, probes.shard_records(par, rank))
+        state.get().reset_model()
+    return out
+
+
 PROMPTS = ["12+35=", "7+8=", "99+1="]
 PADDED_PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5=", "3="]
 """Prompts of different lengths: the batch is left-padded."""

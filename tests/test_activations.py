@@ -15,6 +15,7 @@ from interactive_parallel.plan import PRESETS
 from interactive_parallel.plan.activations import (act_bytes, layer_parts, peak_parts, predict_activations,
                                                    schedule_order, weight_elements)
 from interactive_parallel.plan.estimate import predict_memory
+from conftest import parity_plan_params
 
 ACT_TOLERANCE = 0.10
 """Measured activation peaks are within this fraction of the prediction (issue 11)."""
@@ -115,52 +116,17 @@ def test_pipeline_peak_holds_the_in_flight_microbatches():
     assert predict_activations(LLAMA, one_f, 1) < predict_activations(LLAMA, one_f, 0)
 
 
-# ---------------------------------------------------------------- measured (spawned gloo ranks)
-
-def _measure(rank: int, configs: list, precisions: list) -> dict:
-    """{(label, precision): MemoryRecord} of one training step per plan on this rank."""
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-
-    out = {}
-    for label, preset, fields in configs:
-        for precision in precisions:
-            par = parallelize(PRESETS[preset], Plan(**fields, precision=precision))
-            out[label, precision] = train_step(par, make_optimizer(par), 0, rank=rank).memory
-            state.get().reset_model()
-    return out
-
-
-@pytest.fixture(scope="module")
-def measured():
-    from mp_harness import run_ranks
-    from test_parallel_parity import CONFIGS_2, CONFIGS_4
-
-    out = {}
-    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
-        for rank, records in enumerate(run_ranks(_measure, world, configs, ["fp32", "bf16"], timeout_s=600)):
-            for key, rec in records.items():
-                out.setdefault(key, {})[rank] = rec
-    return out
-
-
-def _parity_plans():
-    from test_parallel_parity import ALL
-
-    return [pytest.param(label, precision, id=f"{label}-{precision}")
-            for label in ALL for precision in ("fp32", "bf16")]
-
+# ---------------------------------------------------------------- measured (spawned gloo ranks: conftest.parity_steps)
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("label,precision", _parity_plans())
-def test_prediction_within_ten_percent_of_the_probe(measured, label, precision):
+@pytest.mark.parametrize("label,precision", parity_plan_params())
+def test_prediction_within_ten_percent_of_the_probe(parity_steps, label, precision):
     from test_parallel_parity import ALL
 
     preset, fields = ALL[label]
     plan = Plan(**fields, precision=precision)
     predicted = predict_memory(PRESETS[preset], plan)
-    got = measured[label, precision]
+    got = {rank: memory for rank, (memory, _, _) in parity_steps[label, precision].items()}
     assert sorted(got) == list(range(plan.world_size))
     for rank, m in got.items():
         p = predicted[rank]

@@ -17,6 +17,7 @@ import pytest
 from interactive_parallel import Plan, PlanError
 from interactive_parallel.plan import PRESETS, UnknownModelError
 from interactive_parallel.records import CommRecord, MemoryRecord, ShardRecord
+from conftest import parity_plan_params
 
 
 def _comm_key(c: CommRecord) -> tuple:
@@ -144,53 +145,18 @@ def test_shipped_config_on_a_mesh_larger_than_this_machine():
     assert d.plan.world_size == 64 and len(d.simulated) == 4
 
 
-# ---------------------------------------------------------------- against a live run
-
-def _live_records(rank: int, configs: list, precision: str) -> dict:
-    from interactive_parallel.runtime import probes, state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-
-    out = {}
-    for label, preset, fields in configs:
-        par = parallelize(PRESETS[preset], Plan(**fields, precision=precision))
-        rec = train_step(par, make_optimizer(par), 0, rank=rank)
-        out[label] = (rec.memory, rec.comms, probes.shard_records(par, rank))
-        state.get().reset_model()
-    return out
-
-
-@pytest.fixture(scope="module")
-def live():
-    from mp_harness import run_ranks
-    from test_parallel_parity import CONFIGS_2, CONFIGS_4
-
-    out: dict = {}
-    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
-        for precision in ("fp32", "bf16"):
-            for rank, recs in enumerate(run_ranks(_live_records, world, configs, precision, timeout_s=600)):
-                for label, value in recs.items():
-                    out.setdefault((label, precision), {})[rank] = value
-    return out
-
-
-def _parity_plans():
-    from test_parallel_parity import ALL
-
-    return [pytest.param(label, precision, id=f"{label}-{precision}")
-            for label in ALL for precision in ("fp32", "bf16")]
-
+# ---------------------------------------------------------------- against a live run (conftest.parity_steps)
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("label,precision", _parity_plans())
-def test_dry_run_records_equal_a_live_run(live, label, precision):
+@pytest.mark.parametrize("label,precision", parity_plan_params())
+def test_dry_run_records_equal_a_live_run(parity_steps, label, precision):
     from test_parallel_parity import ALL
 
     from interactive_parallel import dry_run
 
     preset, fields = ALL[label]
     d = dry_run(preset, Plan(**fields, precision=precision))
-    got = live[label, precision]
+    got = parity_steps[label, precision]
     for rank, (memory, comms, shards) in got.items():
         dry = d.memory()[rank]
         assert (dry.params, dry.grads, dry.optimizer, dry.activations) == \
