@@ -13,6 +13,7 @@ import asyncio
 import threading
 import time
 import traceback
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from interactive_parallel.cluster.errors import RankError, SessionError
@@ -20,6 +21,7 @@ from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
 from interactive_parallel.plan import ModelSpec, Plan, PlanError, check, resolve_model
 from interactive_parallel.plan.estimate import predict_memory
 from interactive_parallel.plan.inference import quantization_problems, request_problems, serving_engine
+from interactive_parallel.plan.virtual import DryRun, Simulated
 from interactive_parallel.records import (CommRecord, DecodeStep, MemoryRecord, ParamDiff, PipelineEvent,
                                           QuantizeRecord, RankInfo, RecordList, Request, RequestRecord, ServeResult,
                                           ShardRecord, StepRecord, TokenRecord, VerifyReport)
@@ -253,6 +255,25 @@ class FakeSession:
                                        placements=["Replicate()"], mesh_axes=["dp"], coords={"dp": r},
                                        index=[[0, d] for d in shape])
                            for n, shape in PARAMS for r in range(self._world)])
+
+    def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
+        """Every rank of `plan` 'simulated': memory as predicted, one tp or dp all_reduce, every
+        parameter whole (no torch: the records are made up, the DryRun is the real class)."""
+        self.calls.append(("dry_run", plan))
+        plan = plan or self._plan or Plan(dp=self._world)
+        check(plan, plan.world_size if world is None else world, self._require_model())
+        axis = "tp" if plan.tp > 1 else "dp"
+        simulated = {}
+        for m in predict_memory(self._spec, plan):
+            group = [r for r in range(plan.world_size) if r // plan.tp == m.rank // plan.tp] if axis == "tp" \
+                else list(range(plan.world_size))
+            comm = CommRecord(rank=m.rank, step=0, op="all_reduce", bytes=1024, axis=axis, group=group)
+            shards = [ShardRecord(param=n, rank=m.rank, global_shape=shape, local_shape=shape, placements=[],
+                                  mesh_axes=[], coords={}, index=[[0, d] for d in shape]) for n, shape in PARAMS]
+            step = StepRecord(rank=m.rank, step=0, loss=float("nan"), tokens=0, time_s=0.0, plan=plan.describe())
+            simulated[m.rank] = Simulated(memory=replace(m, step=0), comms=[comm], shards=shards, placements={},
+                                          step=step, seconds=0.0)
+        return DryRun(spec=self._spec, plan=plan, classes={r: r for r in simulated}, simulated=simulated)
 
     def predict_memory(self, plan: Plan | None = None) -> RecordList:
         self.calls.append(("predict_memory", plan))

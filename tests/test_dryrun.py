@@ -95,15 +95,18 @@ def test_classes_moved_equal_every_rank_simulated(model, fields):
         assert sorted(map(_shard_key, classes.layout(rank=rank))) == sorted(map(_shard_key, every.layout(rank=rank)))
 
 
-@pytest.mark.rank1
+@pytest.mark.pure
 def test_uneven_fsdp_shards_make_their_own_class():
-    from interactive_parallel.runtime.dryrun import rank_classes
+    from interactive_parallel.plan.models import resolve_model
+    from interactive_parallel.plan.virtual import move, rank_classes
 
     odd = {**PRESETS["tiny-llama"].config, "vocab_size": 130}  # 130 rows over 4: 33, 33, 33, 31
-    from interactive_parallel.plan.models import resolve_model
-
-    classes = rank_classes(resolve_model(odd), Plan(fsdp=4))
-    assert classes == {0: 0, 1: 0, 2: 0, 3: 3}
+    assert rank_classes(resolve_model(odd), Plan(fsdp=4)) == {0: 0, 1: 0, 2: 0, 3: 3}
+    plan = Plan(pp=2, dp=2, tp=2)  # ranks: pp-major, tp innermost
+    assert rank_classes(PRESETS["tiny-llama"], plan) == {r: 0 if r < 4 else 4 for r in range(8)}
+    assert move([0, 1], 0, 3, plan) == [2, 3]  # rank 0's tp group, as rank 3 sees it
+    assert move([0, 2], 0, 3, plan) == [1, 3]  # its dp group
+    assert move([0, 4], 0, 3, plan) == [3, 7]  # a pipeline peer
 
 
 @pytest.mark.rank1

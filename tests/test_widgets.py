@@ -112,7 +112,8 @@ def test_the_fake_returns_the_types_session_declares():
         "export_script": s.export_script("x.py"), "run": s.run(lambda: 1),
         "serve_async": asyncio.run(s.serve_async(["ab", "cd"], on_token=tokens.append)),
         "quantize": s.quantize("int8-weight-only"), "decoding": s.decoding(), "served": s.served(),
-        "quantized": s.quantized(), "dequantize": s.dequantize(), "interrupt": s.interrupt(), "stop": s.stop(),
+        "quantized": s.quantized(), "dequantize": s.dequantize(), "dry_run": s.dry_run(Plan(dp=8)),
+        "interrupt": s.interrupt(), "stop": s.stop(),
     }
     assert set(values) == {n for n, v in vars(FakeSession).items() if not n.startswith("_") and callable(v)}
     for name, value in values.items():
@@ -144,9 +145,10 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-serve-max-tokens", "ip-serve-max-batch", "ip-serve-engine", "ip-serve-policy", "ip-serve-button",
         "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
         "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
-        "ip-latency-figure", "ip-quantization-figure"}
+        "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
+        "ip-mesh-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 13
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 14
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -169,7 +171,7 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     assert set(fit.figures) == {f"ip-{n}-figure" for n in ("loss", "memory", "comm-matrix", "comm-breakdown",
                                                           "timeline", "sharding", "pipeline", "tokens-per-step",
                                                           "kv-memory", "step-split", "request-timeline", "latency",
-                                                          "quantization")}
+                                                          "quantization", "mesh")}
     fit.widths = {"ip-loss-figure": 612, "ip-memory-figure": 0}
     assert p.views.loss.layout.width == 612 and p.views.memory.layout.width is None
     refresh(p.views.loss, loss_figure([StepRecord(rank=0, step=0, loss=1.0, tokens=1, time_s=1.0)]))
@@ -237,8 +239,51 @@ def test_validation_messages_follow_the_pickers_before_anything_runs():
     f["batch_size"].value = 3
     assert "batch_size(3) is not divisible" in shown(msgs)
     f["batch_size"].value = 8
-    assert "cannot run" not in shown(msgs) and "ranks 0, 1, 2, 3:" in shown(p.plan_section.prediction)
+    assert "cannot run" not in shown(msgs) and "ranks 0-3:" in shown(p.plan_section.prediction)
     assert s.calls == []  # nothing ran
+
+
+@pytest.mark.pure
+def test_plan_section_draws_the_mesh_of_the_plan_being_edited():
+    s = FakeSession()
+    p = Panel(s)
+    f, mesh = p.plan_section.fields, p.plan_section.dry.mesh
+    f["dp"].value, f["tp"].value = 2, 2
+    assert "4 ranks (dp 2 x tp 2)" in mesh.layout.title.text and "(predicted)" in mesh.layout.title.text
+    assert sum(v is not None for row in mesh.data[0].z for v in row) == 4  # a cell per rank
+    assert "rank 3: dp1 tp1" in mesh.data[0].customdata[0][3] and "predicted:" in mesh.data[0].customdata[0][3]
+    f["tp"].value = 3  # cannot run: no mesh
+    assert "no mesh" in mesh.layout.annotations[0].text
+    assert s.calls == []
+
+
+@pytest.mark.pure
+def test_dry_run_mode_lets_the_world_exceed_the_ranks_and_the_views_draw_its_records():
+    s, p = laid_out()
+    section, views = p.plan_section, p.views
+    dry = section.dry
+    section.fields["batch_size"].value = 16
+    section.fields["dp"].value = 16  # the session has 4 ranks
+    assert "= 16 != ranks(4)" in shown(section.messages) and dry.run.disabled
+    dry.switch.value = True
+    assert "cannot run" not in shown(section.messages) and "16 virtual ranks (dry run)" in shown(section.messages)
+    assert section.apply.disabled and not dry.run.disabled
+    dry.run.click()
+    assert ("dry_run", Plan(dp=16, batch_size=16)) in s.calls and "dry run: tiny-llama dp16 on 16 virtual ranks" in shown(dry.status)
+    assert "(dry run)" in dry.mesh.layout.title.text and [t.name for t in dry.mesh.data[1:]] == ["dp: 1 KiB/rank"]
+    views.tab.selected_index = 1  # memory: the dry run's records, labelled so
+    assert views.memory.layout.title.text.endswith("(dry run)") and len(views.memory.data[0].x) == 16
+    assert "dry run: tiny-llama" in shown(views.messages["memory"])
+    views.tab.selected_index = 2
+    assert views.comm_breakdown.layout.title.text.endswith("(dry run)") and "no timeline" in shown(views.messages["communication"])
+    views.tab.selected_index = 3
+    assert views.param.options == ("lm_head.weight", "model.embed_tokens.weight")
+    assert views.sharding.layout.title.text.endswith("(dry run)")
+    assert ("layout",) not in s.calls  # the live ranks were not asked
+    dry.switch.value = False  # back to the live ranks: their problem, their records
+    assert "= 16 != ranks(4)" in shown(section.messages) and not section.apply.disabled
+    views.tab.selected_index = 1
+    assert not views.memory.layout.title.text.endswith("(dry run)")
 
 
 @pytest.mark.pure

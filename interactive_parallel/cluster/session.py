@@ -16,6 +16,7 @@ import weakref
 from typing import Any, AsyncIterator, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
+from ..plan.virtual import DryRun
 from ..records import (DecodeStep, FaultSpec, RecordList, RequestRecord, ServeResult, StepRecord, TokenRecord,
                        VerifyReport)
 from .errors import SessionError
@@ -351,7 +352,7 @@ class Session:
         spec = self.model.require_model()
         return RecordList(predict_comms(spec, plan or self.plan or self.model.default_plan()))
 
-    def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any):
+    def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
         """The loaded model laid out under `plan` (default: the current one) over `world` virtual
         ranks (default: the plan's, which may exceed this session's), in this process on fake
         tensors: a DryRun with the records a live session of that size would hold (memory(),

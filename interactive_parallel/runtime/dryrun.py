@@ -10,11 +10,11 @@ DDP and the pipeline schedule as parallelize adds them to a live layout, and one
 `runtime.train.train_step` under FakeTensorMode with the probes on: the memory probe, the
 comm ledger and the layout probe record what a live rank records, and nothing runs.
 
-Ranks are simulated once per class: ranks with the same pipeline coordinate and the same
-shard sizes (only FSDP over a dimension it does not divide evenly makes them differ) hold
-tensors of the same shapes and issue the same collectives, so every other rank's records
-are its class representative's with the rank, its groups and peers moved along the mesh
-and its index ranges recomputed by torch for its own coordinates
+Ranks are simulated once per class (plan/virtual.py: the same pipeline coordinate and the
+same shard sizes; only FSDP over a dimension it does not divide evenly makes them differ):
+they hold tensors of the same shapes and issue the same collectives, so every other rank's
+records are its class representative's with the rank, its groups and peers moved along the
+mesh and its index ranges recomputed by torch for its own coordinates (`move_shards`)
 (tests/test_dryrun.py checks the expansion against simulating every rank, and the records
 against a live run of the same plan).
 
@@ -35,16 +35,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator
+from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import MESH_ORDER, MeshAxis, ModelSpec, Plan, check, mesh_coords, resolve_model
-from ..plan.estimate import local_tensors
-from ..records import CommRecord, MemoryRecord, RecordList, ShardRecord, StepRecord
+from ..plan import MeshAxis, ModelSpec, Plan, check, mesh_coords, resolve_model
+from ..plan.virtual import DryRun, Simulated, rank_classes
+from ..records import ShardRecord
 from .data import reuse_batches
 
 
@@ -52,143 +52,24 @@ class DryRunError(RuntimeError):
     """A dry run that cannot start here (this process already has a process group)."""
 
 
-# ---------------------------------------------------------------- classes of equivalent ranks
+def move_shards(sim: Simulated, rank: int, plan: Plan) -> list[ShardRecord]:
+    """A representative's ShardRecords as another rank of its class holds them: the same
+    parameters and placements, the index ranges torch computes for that rank's coordinates."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
-    """rank -> the representative (lowest rank) of its class: same pipeline coordinate, same
-    sizes of every tensor it holds (plan.estimate.local_tensors)."""
-    sizes: dict[tuple[int, int, int], tuple] = {}
-    reps: dict[tuple, int] = {}
-    out = {}
-    for rank in range(plan.world_size):
-        c = mesh_coords(rank, plan.mesh_shape)
-        where = (c[MeshAxis.PP], c[MeshAxis.FSDP], c[MeshAxis.CP]) if plan.fsdp > 1 else (c[MeshAxis.PP], 0, 0)
-        if where not in sizes:
-            sizes[where] = tuple((held, storage) for _, held, storage in local_tensors(spec, plan, rank))
-        out[rank] = reps.setdefault((where[0], sizes[where]), rank)
+    named = {a.value: c for a, c in mesh_coords(rank, plan.mesh_shape).items()}
+    shown = {a: v for a, v in named.items() if getattr(plan, a) > 1}
+    out = []
+    for s in sim.shards:
+        if s.param not in sim.placements:
+            out.append(replace(s, rank=rank, coords=shown))
+            continue
+        names, mesh_shape, placements = sim.placements[s.param]
+        coordinate = [_flat_coordinate(name, named, plan) for name in names]
+        local, offset = _compute_local_shape_and_global_offset(s.global_shape, mesh_shape, coordinate, placements)
+        out.append(replace(s, rank=rank, coords=shown, local_shape=[int(n) for n in local],
+                           index=[[int(o), int(o) + int(n)] for o, n in zip(offset, local)]))
     return out
-
-
-def _rank_of(coords: dict[MeshAxis, int], plan: Plan) -> int:
-    rank = 0
-    for axis in MESH_ORDER:
-        rank = rank * getattr(plan, axis.value) + coords[axis]
-    return rank
-
-
-def move(group: list[int], rep: int, target: int, plan: Plan) -> list[int]:
-    """The group that is to `target` what `group` is to `rep`: along the axes on which the
-    group's members differ (its mesh axes) the members keep their coordinates; on every other
-    axis they take target's. A pair [rep, peer] moves a send or recv's peer."""
-    shape = plan.mesh_shape
-    coords = [mesh_coords(m, shape) for m in group]
-    own, mine = mesh_coords(rep, shape), mesh_coords(target, shape)
-    along = {a for c in coords for a in MESH_ORDER if c[a] != own[a]}
-    return [_rank_of({a: c[a] if a in along else mine[a] for a in MESH_ORDER}, plan) for c in coords]
-
-
-# ---------------------------------------------------------------- the records of a dry run
-
-@dataclass
-class _Simulated:
-    """What one simulated rank recorded."""
-
-    memory: MemoryRecord
-    comms: list[CommRecord]
-    shards: list[ShardRecord]
-    placements: dict[str, tuple[tuple[str, ...], tuple[int, ...], tuple]]
-    """param -> (mesh dim names, mesh shape, torch placements) of its DTensor parameters."""
-    step: StepRecord
-    seconds: float
-
-
-@dataclass
-class DryRun:
-    """The records of a plan laid over `world` virtual ranks, as a live session would hold them.
-
-    memory(): a MemoryRecord per rank; comms(ranks): the CommRecords of one training step;
-    layout(rank=..., param=...): ShardRecords of a rank, or of one parameter on every rank.
-    Records of ranks that were not simulated are their class representative's, moved.
-    """
-
-    spec: ModelSpec
-    plan: Plan
-    classes: dict[int, int]
-    """rank -> the simulated rank whose records it shares (moved to it)."""
-    simulated: dict[int, _Simulated] = field(repr=False)
-    seconds: float = 0.0
-    """Wall time of the whole dry run."""
-
-    @property
-    def world(self) -> int:
-        return self.plan.world_size
-
-    @property
-    def representatives(self) -> list[int]:
-        return sorted(self.simulated)
-
-    def __repr__(self) -> str:
-        return (f"<DryRun {self.spec.name} {self.plan.describe()} on {self.world} virtual ranks: "
-                f"{len(self.simulated)} simulated, {self.seconds:.1f} s>")
-
-    def memory(self) -> RecordList:
-        """One MemoryRecord per rank, rank order (as Session.memory(); rss is 0: nothing ran)."""
-        return RecordList([replace(self.simulated[self.classes[r]].memory, rank=r) for r in range(self.world)],
-                          columns=("rank", "step", "params", "grads", "optimizer", "activations"))
-
-    def iter_comms(self, ranks: Iterable[int] | None = None) -> Iterator[CommRecord]:
-        """The CommRecords of one step of each of `ranks` (None: every rank), generated one by one."""
-        for r in range(self.world) if ranks is None else ranks:
-            rep = self.classes[r]
-            for c in self.simulated[rep].comms:
-                yield c if r == rep else replace(
-                    c, rank=r, group=move(c.group, rep, r, self.plan),
-                    peer=None if c.peer is None else move([rep, c.peer], rep, r, self.plan)[1])
-
-    def comms(self, ranks: Iterable[int] | int | None = None) -> RecordList:
-        """CommRecords of one step of a rank, of several, or (None) of every rank."""
-        return RecordList(self.iter_comms([ranks] if isinstance(ranks, int) else ranks))
-
-    def layout(self, rank: int | None = None, param: str | None = None) -> RecordList:
-        """ShardRecords: every parameter `rank` holds, or `param` on every rank holding it."""
-        if rank is None and param is None:
-            raise ValueError("layout() needs rank= or param=")
-        ranks = [rank] if rank is not None else range(self.world)
-        out = []
-        for r in ranks:
-            if not 0 <= r < self.world:
-                raise ValueError(f"rank {r} is outside the mesh of {self.world} ranks")
-            out += [s for s in self._shards(r) if param is None or s.param == param]
-        if param is not None and not out:
-            known = sorted({s.param for sim in self.simulated.values() for s in sim.shards})
-            raise KeyError(f"no rank holds {param!r}; parameters: {', '.join(known[:6])}, ...")
-        return RecordList(out)
-
-    def _shards(self, rank: int) -> list[ShardRecord]:
-        from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
-
-        rep = self.classes[rank]
-        sim = self.simulated[rep]
-        if rank == rep:
-            return sim.shards
-        coords = mesh_coords(rank, self.plan.mesh_shape)
-        named = {a.value: c for a, c in coords.items()}
-        shown = {a: v for a, v in named.items() if getattr(self.plan, a) > 1}
-        out = []
-        for s in sim.shards:
-            if s.param not in sim.placements:
-                out.append(replace(s, rank=rank, coords=shown))
-                continue
-            names, mesh_shape, placements = sim.placements[s.param]
-            coordinate = [_flat_coordinate(name, named, self.plan) for name in names]
-            local, offset = _compute_local_shape_and_global_offset(s.global_shape, mesh_shape, coordinate, placements)
-            out.append(replace(s, rank=rank, coords=shown, local_shape=[int(n) for n in local],
-                               index=[[int(o), int(o) + int(n)] for o, n in zip(offset, local)]))
-        return out
-
-    def steps(self) -> RecordList:
-        """The StepRecord of each simulated rank (loss NaN: there are no values)."""
-        return RecordList([self.simulated[r].step for r in self.representatives])
 
 
 def _flat_coordinate(name: str, coords: dict[str, int], plan: Plan) -> int:
@@ -197,6 +78,8 @@ def _flat_coordinate(name: str, coords: dict[str, int], plan: Plan) -> int:
     for axis in name.split("_"):
         out = out * getattr(plan, axis) + coords[axis]
     return out
+
+
 
 
 # ---------------------------------------------------------------- simulating one rank
@@ -326,7 +209,7 @@ def _forget_groups() -> None:
         _redistribute._gen_transform_infos.cache_clear()
 
 
-def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> _Simulated:
+def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulated:
     """One rank of `plan` run for `steps` training steps on the fake group; its last step's records."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -351,7 +234,7 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> _Simulat
     finally:
         _forget_groups()
     memory = replace(rec.memory, rss=0, device=plan.device)
-    return _Simulated(memory=memory, comms=rec.comms, shards=shards, placements=placements,
+    return Simulated(memory=memory, comms=rec.comms, shards=shards, placements=placements,
                       step=replace(rec, memory=memory, comms=[], events=[]), seconds=time.perf_counter() - start)
 
 
@@ -375,7 +258,8 @@ def dry_run(model: Any, plan: Plan, world: int | None = None, *, steps: int = 1,
     classes = {r: r for r in range(world)} if exhaustive else rank_classes(spec, plan)
     with reuse_batches():
         simulated = {rep: simulate(spec, plan, rep, steps) for rep in sorted(set(classes.values()))}
-    return DryRun(spec=spec, plan=plan, classes=classes, simulated=simulated, seconds=time.perf_counter() - start)
+    return DryRun(spec=spec, plan=plan, classes=classes, simulated=simulated, mover=move_shards,
+                  seconds=time.perf_counter() - start)
 
 
-__all__ = ["DryRun", "DryRunError", "dry_run", "rank_classes", "move", "simulate"]
+__all__ = ["DryRun", "DryRunError", "dry_run", "simulate", "move_shards"]

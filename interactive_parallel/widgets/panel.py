@@ -58,7 +58,8 @@ class Panel(W.VBox):
         self.columns = css(W.AppLayout(left_sidebar=controls, center=self.views.widget, grid_gap="8px",
                                        pane_widths=[CONTROLS_WIDTH, 1, 0], align_items="flex-start"), "ip-columns")
         title = css(W.HTML("<h3 style='margin:4px 0'>interactive_parallel</h3>"), "ip-title")
-        self.children = [W.HTML(STYLE), FitFigures(self.views.figures), title, self.errors, self.columns]
+        fitted = {**self.views.figures, "ip-mesh-figure": self.plan_section.dry.mesh}
+        self.children = [W.HTML(STYLE), FitFigures(fitted), title, self.errors, self.columns]
         self.add_class("ip-panel")
         self.sync()
         self.plan_section.revalidate()

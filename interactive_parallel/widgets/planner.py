@@ -26,7 +26,9 @@ import ipywidgets as W
 from ..plan import PRESETS, MeshAxis, Plan, PlanError, resolve_model, validate
 from ..plan import plan as plan_module
 from ..plan.estimate import predict_memory
+from ..plan.models import CONFIGS
 from ._common import button, css, row
+from .dryview import DryView
 from .render import esc, note, prediction_text, problems_html
 
 if TYPE_CHECKING:
@@ -94,7 +96,7 @@ class PlanSection:
         s = panel.session
         start = (s.plan if panel.alive and s.plan is not None else None) or Plan(dp=panel.world_size)
         model = s.spec.name if panel.alive and s.spec is not None else "tiny-llama"
-        self.preset = css(W.Dropdown(options=list(PRESETS), value=model if model in PRESETS else "tiny-llama",
+        self.preset = css(W.Dropdown(options=[*PRESETS, *CONFIGS], value=model if model in PRESETS else "tiny-llama",
                                      description="model", layout=W.Layout(width="200px")), "ip-model-preset")
         self.path = css(W.Text(placeholder="or a local model directory", layout=W.Layout(width="200px")),
                         "ip-model-path")
@@ -110,6 +112,7 @@ class PlanSection:
         self.prediction = css(W.HTML(), "ip-memory-prediction")
         self.apply = button("Apply", "ip-apply-button", style="primary", tooltip="session.apply(plan)")
         self.predicted: list | None = None
+        self.dry = DryView(panel, self)
         self.pickers = [self.preset, self.path, *self.fields.values()]
         for w in self.pickers:
             w.observe(lambda _c: self.revalidate(), names="value")
@@ -121,7 +124,7 @@ class PlanSection:
             row(self.preset, self.path, self.load),
             grid(list(self.degrees.values()), max(len(self.degrees), 1)),
             grid(others, 3),
-            self.messages, self.prediction, self.apply,
+            self.messages, self.prediction, self.apply, self.dry.widget,
         ]), "ip-section", "ip-section-plan")
 
     # ---- reading and writing the pickers ------------------------------------------------------
@@ -177,8 +180,8 @@ class PlanSection:
         if problems:
             return None, problems, spec, model_note
         plan = Plan(**values, device=self.panel.device)
-        problems = validate(plan, self.panel.world_size, spec)
-        if self.panel.alive:
+        problems = validate(plan, self.world(plan), spec)
+        if self.panel.alive and not self.dry.on:
             try:
                 self.panel.session.check_plan(plan)  # the session's own extra rules (its device)
             except PlanError as exc:
@@ -187,11 +190,16 @@ class PlanSection:
             problems.append(model_note)
         return plan, problems, spec, model_note
 
+    def world(self, plan: Plan) -> int:
+        """The ranks the plan must fit: the live ones, or in dry-run mode its own degrees' product."""
+        return plan.world_size if self.dry.on else self.panel.world_size
+
     def revalidate(self) -> list[str]:
         plan, problems, spec, model_note = self.problems()
         label = plan.describe() if plan is not None else "?"
-        text = problems_html(label, problems, f"fits {self.panel.world_size} ranks",
-                             model_note if spec is not None else "")
+        fits = f"lays out on {plan.world_size} virtual ranks (dry run)" if self.dry.on and plan is not None \
+            else f"fits {self.panel.world_size} ranks"
+        text = problems_html(label, problems, fits, model_note if spec is not None else "")
         current = self.panel.session.plan if self.panel.alive else None
         if current is not None and current != plan:
             text += f"<div>{note(f'not applied yet: the ranks run {current.describe()}; click Apply')}</div>"
@@ -199,6 +207,7 @@ class PlanSection:
             text += f"<div>{note('applied')}</div>"
         self.messages.value = text
         self._predict(plan, problems, spec)
+        self.dry.draw(None if problems or spec is None else plan, self.predicted)
         return problems
 
     def _predict(self, plan: Plan | None, problems: list[str], spec: Any) -> None:
@@ -223,6 +232,8 @@ class PlanSection:
         self.panel.notify("plan")
 
     def sync(self, alive: bool, busy: bool) -> None:
-        self.load.disabled = self.apply.disabled = not alive or busy
+        self.load.disabled = not alive or busy
+        self.apply.disabled = not alive or busy or self.dry.on  # a dry run's world is not the ranks'
         for w in self.pickers:
             w.disabled = busy
+        self.dry.sync(alive, busy)

@@ -110,6 +110,17 @@ def problems_html(label: str, problems: Sequence[str], fits: str, model: str) ->
     return f"<div class='ip-bad'>plan {esc(label)} cannot run:<ul>{items}</ul></div>{about}"
 
 
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 8, 9] -> '0-3, 8-9' (a 1,024-rank mesh reads in a line)."""
+    out: list[list[int]] = []
+    for r in sorted(ranks):
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+
 def prediction_text(records: Sequence[MemoryRecord]) -> str:
     """One line per group of ranks with the same predicted bytes."""
     groups: dict[tuple, list[int]] = {}
@@ -117,7 +128,7 @@ def prediction_text(records: Sequence[MemoryRecord]) -> str:
         groups.setdefault((r.params, r.grads, r.optimizer, r.activations), []).append(r.rank)
     lines = []
     for (p, g, o, a), ranks in groups.items():
-        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
         lines.append(f"{who}: {human_bytes(p + g + o + a)} (params {human_bytes(p)}, grads {human_bytes(g)}, "
                      f"optimizer {human_bytes(o)}, activations {human_bytes(a)})")
     return "predicted memory per rank: " + "; ".join(lines)

@@ -11,7 +11,9 @@ layout is `session.layout()` (a remote call, cached by the Session per applied p
 per plan, when its tab is open and the ranks are not busy. Decoding (tokens per step, KV cache
 per rank, compute and communication per step), requests (timeline, latency) and quantization
 come from the latest generate / serve / quantize call the Session kept (`decoding()`,
-`served()`, `quantized()`: local reads), redrawn when such a call ends. Knows nothing of how
+`served()`, `quantized()`: local reads), redrawn when such a call ends. In the Plan section's
+dry-run mode, with a dry run kept, memory, communication and layout draw the dry run's records
+instead (widgets/dryview.py), labelled so, with or without a session. Knows nothing of how
 records are measured, nor of the controls; fitting the figures to the column is widgets/fit.py's.
 """
 from __future__ import annotations
@@ -24,13 +26,17 @@ import ipywidgets as W
 from .. import viz
 from ..cluster.errors import RankError
 from ..records import CommRecord, PipelineEvent
+from ..plan.estimate import predict_memory
 from ._common import button, css, describe_error, figure_widget, refresh, row
+from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
 
 if TYPE_CHECKING:
     from .panel import Panel
 
 TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization")
+DRY_TABS = ("memory", "communication", "layout")
+"""The tabs that draw a dry run's records in dry-run mode."""
 LIVE_INTERVAL_S = 0.5
 """Least time between two live redraws during training: a step of a tiny model takes ~0.1 s,
 and redrawing every figure at that rate would slow the client more than it shows."""
@@ -117,6 +123,8 @@ class ViewsSection:
         name = self.selected
         if name == "loss":
             self.refresh_loss()
+        elif self.dry() is not None and name in DRY_TABS:
+            self._guarded(name, lambda: getattr(self, f"_draw_dry_{name}")())
         elif not self.panel.alive:
             self.messages[name].value = note("no session")
         elif name == "layout" and self.panel.run_section.running:
@@ -181,9 +189,15 @@ class ViewsSection:
         self._draw_sharding()
         return "" if names else note("no layout yet: Load a model and Apply a plan")
 
-    def _draw_sharding(self) -> None:
+    def _draw_sharding(self, dry_run: bool = False) -> None:
         param = self.param.value
-        refresh(self.sharding, viz.sharding_figure(self._shards, param))
+        if self.dry() is not None and not dry_run:
+            self._shards = list(self.dry().layout(param=param))
+            dry_run = True
+        figure = viz.sharding_figure(self._shards, param)
+        if dry_run:
+            figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
+        refresh(self.sharding, figure)
         rows = [r for r in viz.layout_table(self._shards) if r["param"] == param] if self._shards else []
         self.layout_table.value = table(SHARD_COLUMNS, [[r[c] for c in SHARD_COLUMNS] for r in rows]) if rows else ""
 
@@ -212,6 +226,44 @@ class ViewsSection:
         records = list(self.panel.session.quantized())
         refresh(self.quantization, viz.quantization_figure(records))
         return "" if records else note("full precision: Quantize in the Serve section")
+
+    # ---- a dry run's records (dry-run mode) ----------------------------------------------------------
+    def dry(self) -> Any:
+        return self.panel.plan_section.dry.current()
+
+    def _draw_dry_memory(self) -> str:
+        dry = self.dry()
+        ranks = set(shown_ranks(dry))
+        predicted = [m for m in predict_memory(dry.spec, dry.plan) if m.rank in ranks]
+        figure = viz.memory_figure([m for m in dry.memory() if m.rank in ranks], predicted)
+        figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
+        refresh(self.memory, figure)
+        return label(dry)
+
+    def _draw_dry_communication(self) -> str:
+        dry = self.dry()
+        comms = dry.comms(shown_ranks(dry))
+        for widget, draw in ((self.comm_matrix, viz.comm_matrix_figure), (self.comm_breakdown, viz.comm_breakdown_figure)):
+            figure = draw(comms)
+            figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
+            refresh(widget, figure)
+        refresh(self.timeline, viz.timeline_figure(None))
+        return label(dry) + note("no timeline in a dry run: nothing ran")
+
+    def _draw_dry_layout(self) -> str:
+        dry = self.dry()
+        names = params_of(dry)
+        keep = self.param.value if self.param.value in names else names[0]
+        self._quiet = True
+        try:
+            self.param.options = names
+            self.param.value = keep
+        finally:
+            self._quiet = False
+        self._shards = list(dry.layout(param=keep))
+        self._layout_key = None  # the live layout is read again when dry-run mode ends
+        self._draw_sharding(dry_run=True)
+        return label(dry)
 
     def forget(self) -> None:
         """The session changed: nothing drawn so far describes it."""
