@@ -104,6 +104,66 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     return Parts(norms=norms, linear_inputs=inputs, attention=attention, mlp=mlp)
 
 
+def recompute(plan: Plan) -> str:
+    """The plan's activation recomputation: 'none', 'selective' or 'full'."""
+    return getattr(plan, "recompute", "none")
+
+
+def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_only: bool = False) -> int:
+    """Output elements per token of the block's linears on this rank (of those under `module`;
+    of the input linears only): colwise ones split over tp, rowwise ones whole."""
+    fam, tp = spec.family_info, plan.tp
+    styles = fam.block_tp_styles()
+    out = 0
+    for path, lin in fam.linears.items():
+        colwise = styles.get(path, "").startswith("colwise")
+        if (module is None or path.startswith(f"{module}.")) and (colwise or not colwise_only):
+            width = spec.width(lin.out_width)
+            out += width // tp if colwise else width
+    return out
+
+
+def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
+    """What one checkpointed decoder block keeps from its forward until its backward.
+
+    'full': its input (the fp32 residual stream). 'selective' (runtime/parallel/ac.py saves the
+    outputs of matmuls, attention and collectives): also every linear's output (under tp the
+    rowwise ones after their all-reduce too) and SDPA's output and log-sum-exp.
+    """
+    a, tp, h = act_bytes(plan), plan.tp, spec.hidden_size
+    tokens = rows * plan.seq_len // plan.cp
+    kept = Parts(linear_inputs=tokens * h * FP32)
+    if recompute(plan) == "selective":
+        rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st == "rowwise")
+        reduced = rowwise * h if tp > 1 else 0
+        kept = kept + Parts(linear_inputs=tokens * (_outputs(spec, plan) + reduced) * a,
+                            attention=tokens * (spec.width("q") // tp * a + spec.num_heads // tp * FP32))
+    return kept
+
+
+def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) -> Parts:
+    """What a checkpointed block's forward, run again in its backward, adds to what the block kept:
+    its whole saved set (layer_parts) but for what both hold (its input; under 'selective' SDPA's
+    output and log-sum-exp, its k and v inputs (and q) where no rotary makes new ones, the MLP's
+    input linears' outputs), and under autocast the copies of its weights."""
+    fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
+    tokens = rows * plan.seq_len // plan.cp
+    whole = layer_parts(spec, plan, rows)
+    norms, attention, mlp = whole.norms - tokens * spec.hidden_size * FP32, whole.attention, whole.mlp
+    if recompute(plan) == "selective":
+        q, kv = spec.width("q") // tp, spec.width("kv") // tp
+        attention -= tokens * ((q + (kv if fam.rotary_path else q + 2 * kv)) * a + spec.num_heads // tp * FP32)
+        mlp -= tokens * _outputs(spec, plan, fam.mlp_path, colwise_only=True) * a
+    return Parts(norms=norms, linear_inputs=whole.linear_inputs + extra_weights(spec, plan, rank),
+                 attention=attention, mlp=mlp)
+
+
+def _layers_held(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    if plan.pp == 1:
+        return spec.num_layers
+    return spec.num_layers // plan.n_stages * len(plan.stage_ids(mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]))
+
+
 def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: bool) -> Parts:
     """What a forward of one micro-batch saves outside the blocks: rotary table, positions, head."""
     fam, a = spec.family_info, act_bytes(plan)
@@ -138,7 +198,12 @@ def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
         rows = plan.batch_size if plan.device == "cpu" else plan.batch_size // plan.data_parallel
         out += rows * (plan.seq_len + 1) * INT64
     if act_bytes(plan) != FP32:
-        out += weight_elements(spec, plan, rank, last=plan.n_stages - 1 in stages or plan.pp == 1) * act_bytes(plan)
+        last = plan.n_stages - 1 in stages or plan.pp == 1
+        if recompute(plan) == "none":
+            out += weight_elements(spec, plan, rank, last=last) * act_bytes(plan)
+        elif last:  # checkpointed blocks keep no weight copy from their forward; the head does
+            out += (weight_elements(spec, plan, rank, last=True) - weight_elements(spec, plan, rank, last=False)) \
+                * act_bytes(plan)
     return out
 
 
@@ -162,11 +227,12 @@ def weight_elements(spec: ModelSpec, plan: Plan, rank: int, last: bool) -> int:
 
 
 def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
-    """One forward of one micro-batch through pipeline stage `stage` (the whole model without PP)."""
+    """One forward of one micro-batch through pipeline stage `stage` (the whole model without PP),
+    as kept until its backward."""
     total = plan.n_stages if plan.pp > 1 else 1
     layers = spec.num_layers // total
-    return layer_parts(spec, plan, rows).scaled(layers) + \
-        once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
+    block = layer_parts(spec, plan, rows) if recompute(plan) == "none" else kept_under_recompute(spec, plan, rows)
+    return block.scaled(layers) + once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
 
 
 def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
@@ -208,17 +274,39 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     """(what the in-flight micro-batches hold at the step's peak, what is held once per step)."""
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = micro_rows(plan)
+    extra = Parts() if recompute(plan) == "none" else recomputed_in_backward(spec, plan, rows, rank)
     if plan.pp == 1:
-        return stage_parts(spec, plan, 0, rows), once_per_step(spec, plan, rank)
+        forward = stage_parts(spec, plan, 0, rows)
+        # Under recomputation the peak may come in the first block's backward: the head's
+        # tensors are freed by then, the block's recomputed set is live.
+        backward = forward + extra + Parts(head=-once_per_forward(spec, plan, rows, False, True).head)
+        return max(forward, backward, key=lambda p: p.total), once_per_step(spec, plan, rank)
     stages = plan.stage_ids(coords[MeshAxis.PP])
     parts = [stage_parts(spec, plan, s, rows) for s in stages]
-    best, held = Parts(), [0] * len(stages)
+    # A schedule runs its backwards inside the step's one autocast region: the weight copies the
+    # recomputed blocks make come from (and stay in) its cache, all of them from the first backward.
+    cached = Parts()
+    if recompute(plan) != "none" and act_bytes(plan) != FP32:
+        cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
+        extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
+    best, held, after = Parts(), [0] * len(stages), Parts()
     for action, local in schedule_order(plan, coords[MeshAxis.PP]):
+        if action == "B":  # the microbatch's blocks run again while it is held (its head's tensors freed)
+            after = cached
+            live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts()) + extra + after + \
+                Parts(head=-parts[local].head)
+            best = max(best, live, key=lambda p: p.total)
         held[local] += 1 if action == "F" else -1
-        live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts())
-        if live.total > best.total:
-            best = live
+        live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts()) + after
+        best = max(best, live, key=lambda p: p.total)
     return best, once_per_step(spec, plan, rank)
+
+
+def extra_weights(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Bytes of one block's weight copies in recomputed_in_backward (under autocast)."""
+    if act_bytes(plan) == FP32:
+        return 0
+    return weight_elements(spec, plan, rank, last=False) // max(1, _layers_held(spec, plan, rank)) * act_bytes(plan)
 
 
 def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:

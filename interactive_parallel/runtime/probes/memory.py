@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Iterable
+import weakref
+from typing import Any, Iterable
 
 import torch
 from torch import nn
@@ -125,19 +126,33 @@ class SavedTensors:
             else:
                 self.refs[key] = n
 
-    def _pack(self, t: torch.Tensor):
+    def _count(self, t: torch.Tensor) -> tuple[int, int] | None:
+        """Count `t`'s storage as live (once however many hold it); its key, or None when not counted."""
         if isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter):
-            return t
+            return None
         key = _key(t)
         if key is None or key in self.exclude:
-            return t
+            return None
         with self.lock:
             n = self.refs.get(key, 0)
             self.refs[key] = n + 1
             if n == 0:
                 self.live += key[1]
                 self.peak = max(self.peak, self.live)
-        return _Saved(t, key, self)
+        return key
+
+    def _pack(self, t: torch.Tensor):
+        key = self._count(t)
+        return t if key is None else _Saved(t, key, self)
+
+    def hold(self, t: Any) -> None:
+        """Count tensors that activation checkpointing keeps for backward by its own means, until
+        their storage is freed (a storage's Python object lives exactly as long as its data)."""
+        for x in (t if isinstance(t, (list, tuple)) else (t,)):
+            if isinstance(x, torch.Tensor):
+                key = self._count(x)
+                if key is not None:
+                    weakref.finalize(local(x).untyped_storage(), self.release, key)
 
     @staticmethod
     def _unpack(x):
@@ -146,10 +161,71 @@ class SavedTensors:
     def __enter__(self) -> "SavedTensors":
         self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._ctx.__enter__()
+        self._checkpointing = _SeeCheckpointing(self)
+        self._checkpointing.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        self._checkpointing.__exit__(*exc)
         self._ctx.__exit__(*exc)
+
+
+class _SeeCheckpointing:
+    """While open, what torch.utils.checkpoint keeps for backward counts in `tracker` too.
+
+    Inside a checkpointed region torch's own saved-tensor hooks replace the tracker's: the
+    forward keeps nothing there but the region's inputs (which the tracker sees) and, under
+    selective recomputation, the outputs its policy saves (kept by a dispatch mode); in
+    backward the region's forward runs again and its saved tensors are kept by another hook
+    until that region's backward uses them. Both keepers are module globals that torch looks
+    up at each use, so for the open step they are replaced by subclasses that also hand what
+    they keep to the tracker. Nothing else changes (the subclasses call torch's own code).
+    """
+
+    def __init__(self, tracker: SavedTensors):
+        self.tracker = tracker
+        self.saved: list[tuple[str, Any]] = []
+
+    def __enter__(self) -> "_SeeCheckpointing":
+        from torch.utils import checkpoint as ckpt
+
+        tracker = self.tracker
+
+        class Recomputed(ckpt._recomputation_hook):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                keep = self.pack_hook
+
+                def pack(x):
+                    tracker.hold(x)
+                    return keep(x)
+
+                self.pack_hook = pack
+
+        waits = {getattr(getattr(torch.ops, "_c10d_functional", None), "wait_tensor", None)}
+
+        class Caching(ckpt._CachingTorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = super().__torch_dispatch__(func, types, args, kwargs)
+                if func.overloadpacket in waits:  # its output is its input (a fake one would look new)
+                    return out
+                key = ckpt._sac_storage_key(func, args)
+                entries = self.storage.get(key)
+                if entries and entries.get(self.func_counter[key] - 1, ckpt._RECOMPUTE) is not ckpt._RECOMPUTE:
+                    tracker.hold(out)
+                return out
+
+        for name, cls in (("_recomputation_hook", Recomputed), ("_CachingTorchDispatchMode", Caching)):
+            self.saved.append((name, getattr(ckpt, name)))
+            setattr(ckpt, name, cls)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        from torch.utils import checkpoint as ckpt
+
+        for name, original in self.saved:
+            setattr(ckpt, name, original)
+        self.saved.clear()
 
 
 class DevicePeak:
