@@ -34,6 +34,19 @@ def names(session) -> list[str]:
     return [c[0] for c in session.calls]
 
 
+READS = {"memory", "comms", "timeline", "predict_memory", "decoding", "served", "quantized"}
+"""Session methods that read what the client already holds (no rank is asked)."""
+
+
+def asked(session) -> list[tuple]:
+    """The session calls that ask the ranks something (the figures' local reads left out)."""
+    return [c for c in session.calls if c[0] not in READS]
+
+
+def actions(session) -> list[str]:
+    return [c[0] for c in asked(session)]
+
+
 def all_widgets(w) -> list:
     out = [w]
     for child in getattr(w, "children", ()) or ():
@@ -258,6 +271,16 @@ def test_plan_section_draws_the_mesh_of_the_plan_being_edited():
 
 
 @pytest.mark.pure
+def test_the_mesh_of_the_applied_plan_shows_what_the_ranks_measured():
+    s, p = laid_out()
+    p.train(2).wait(5)
+    p.notify("trained")
+    mesh = p.plan_section.dry.mesh
+    assert "(live)" in mesh.layout.title.text and "measured:" in mesh.data[0].customdata[0][1]
+    assert [t.name.split(":")[0] for t in mesh.data[1:]] == ["dp"]  # the fake's all_reduce per step
+
+
+@pytest.mark.pure
 def test_dry_run_mode_lets_the_world_exceed_the_ranks_and_the_views_draw_its_records():
     s, p = laid_out()
     section, views = p.plan_section, p.views
@@ -291,13 +314,13 @@ def test_each_button_calls_the_session_and_shows_its_result():
     s = FakeSession()
     p = Panel(s)
     p.plan_section.load.click()
-    assert s.calls[-1] == ("load_model", "tiny-llama") and "(loaded)" in p.plan_section.messages.value
+    assert asked(s)[-1] == ("load_model", "tiny-llama") and "(loaded)" in p.plan_section.messages.value
     p.plan_section.apply.click()
-    assert names(s)[-1] == "apply" and s.calls[-1][1].dp == 4 and "applied" in p.plan_section.messages.value
+    assert actions(s)[-1] == "apply" and asked(s)[-1][1].dp == 4 and "applied" in p.plan_section.messages.value
     p.plan_section.fields["lr"].value = 2e-3
     p.train(3)
     assert p.wait(10)
-    assert s.calls[-1] == ("train", 3, dict(batch_size=8, seq_len=64, grad_accum=1, lr=2e-3, precision="fp32"))
+    assert asked(s)[-1] == ("train", 3, dict(batch_size=8, seq_len=64, grad_accum=1, lr=2e-3, precision="fp32"))
     assert p.run_section.progress.value == 3 and "done: 3 steps" in p.run_section.status.value
     loss = p.views.loss
     assert [t.name for t in loss.data] == ["rank 0", "rank 1", "rank 2", "rank 3", "mean"]
@@ -306,7 +329,7 @@ def test_each_button_calls_the_session_and_shows_its_result():
     p.run_section.temperature.value, p.run_section.top_k.value = 0.7, 5
     p.generate("abc\nxyz")
     assert p.wait(10)
-    assert s.calls[-1] == ("generate", ["abc", "xyz"], 16, dict(do_sample=True, temperature=0.7, top_k=5))
+    assert asked(s)[-1] == ("generate", ["abc", "xyz"], 16, dict(do_sample=True, temperature=0.7, top_k=5))
     assert "cbacbacba" in p.run_section.generate_out.value and "<b>xyz</b>" in p.run_section.generate_out.value
     p.run_section.verify.click()
     out = p.run_section.verify_out.value
@@ -316,7 +339,7 @@ def test_each_button_calls_the_session_and_shows_its_result():
     p.run_section.load.click()
     assert "loaded checkpoint from /abs/ckpt" in p.run_section.files_out.value
     p.run_section.export.click()
-    assert names(s)[-3:] == ["save", "load", "export_script"] and "train_script.py" in p.run_section.files_out.value
+    assert actions(s)[-3:] == ["save", "load", "export_script"] and "train_script.py" in p.run_section.files_out.value
     p.cluster.doctor.click()
     assert "every rank met" in p.cluster.doctor_out.value and "1.50" in p.cluster.doctor_out.value
     assert p.error_text == ""
@@ -438,7 +461,7 @@ def test_a_rank_failure_names_the_rank_and_controls_come_back():
     assert not p.run_section.train.disabled and not p.plan_section.apply.disabled
     assert p.run_section.interrupt.disabled and p.activity == ""
     p.plan_section.apply.click()  # still usable
-    assert names(s)[-1] == "apply"
+    assert actions(s)[-1] == "apply"
     p.run_section.verify.click()
     assert p.error_text == "" and "OK" in p.run_section.verify_out.value
 

@@ -1,7 +1,8 @@
 """The Plan section's mesh and its dry-run mode.
 
 Owns the mesh figure of the plan being edited (`viz.mesh_figure`: every rank a cell coloured by
-its predicted memory, redrawn as the pickers change), the "dry run" switch that lets the plan's
+its predicted memory, redrawn as the pickers change; for the applied plan, by what the ranks
+measured, with the links of their last step's collectives), the "dry run" switch that lets the plan's
 world exceed the live ranks, the Dry run button (`session.dry_run(plan)` for the loaded model,
 else `interactive_parallel.dry_run(model, plan)`: the runtime's own layout and training step
 on fake tensors in this process, no rank touched) and the DryRun it keeps. While the switch is
@@ -87,6 +88,11 @@ class DryView:
             refresh(self.mesh, viz.mesh_figure(plan, memory=dry.memory(), predicted=predicted, shards=shards,
                                                param=param, comms=dry.iter_comms(shown_ranks(dry)),
                                                source="dry run"))
+        elif self.panel.alive and self.panel.session.plan == plan:
+            s, views = self.panel.session, self.panel.views  # the applied plan: what the ranks measured
+            shards = [r for r in views._shards if r.param == views.param.value] or None
+            refresh(self.mesh, viz.mesh_figure(plan, memory=s.memory(), predicted=predicted, shards=shards,
+                                               param=views.param.value or None, comms=s.comms(), source="live"))
         else:
             refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted"))
 
