@@ -124,26 +124,6 @@ def verify_on_one_rank(rank: int, preset: str, fields: dict) -> dict:
     return {"ok": api.verify(), "refused": api.verify(limit_bytes=2**20)}
 
 
-def recompute_activations(preset: str, fields: dict) -> dict:
-    """One process: activation peak of a forward/backward measured by torch's MemTracker
-    (it also sees what checkpointed layers keep), and the estimate's prediction."""
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from interactive_parallel.plan.estimate import predict_activations
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import forward_backward, local_batch, make_optimizer
-
-    plan = Plan(**fields)
-    par = parallelize(PRESETS[preset], plan)
-    tracker = MemTracker()
-    tracker.track_external(par.model, make_optimizer(par))
-    with tracker:
-        forward_backward(par, local_batch(par, 0))
-    peak = tracker.get_tracker_snapshot("peak")
-    by_kind = {str(k).rsplit(".", 1)[-1]: v for k, v in next(iter(peak.values())).items()}
-    return {"measured": by_kind["ACT"], "predicted": predict_activations(PRESETS[preset], plan, 0)}
-
-
 def weights_from_directory(rank: int, path: str, plans: list[dict]) -> dict:
     """Full weights of a local model directory as laid out under each plan (each rank reads
     only its slices)."""

@@ -5,10 +5,10 @@ the single-process run without recomputation: per-step losses of 3 AdamW steps, 
 batch's loss and full gradients, the final weights, with the parity tolerances of
 test_parallel_parity (recomputing reruns the same kernels on the same inputs: the
 measured differences are those of the layouts themselves).
-Memory (one process, tiny-llama, batch 8x64): the activation peak of a forward/backward
-measured by torch's MemTracker (which also sees what checkpointed layers keep; the step
-probe's saved-tensor hooks do not) falls none > selective > full, and each is within
-a factor of ACT_FACTOR of predict_activations.
+Memory: one training step of every plan above in fp32 and bf16 on spawned ranks; the step
+probe's activation peak (which sees what checkpointing keeps: runtime/probes/memory.py) is
+within ACT_TOLERANCE of plan/activations' prediction on every rank, falls none > selective >
+full, and a dry run of the same plan records the same bytes.
 """
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ import pytest
 
 from mp_harness import run_ranks
 import parity_workers as W
-import state_workers as S
+from interactive_parallel import Plan, dry_run
+from interactive_parallel.plan import PRESETS
+from interactive_parallel.plan.estimate import predict_memory
+from test_activations import ACT_TOLERANCE
 
 pytestmark = pytest.mark.multirank
-ACT_FACTOR = 2.0
 
 LOSS_TOL, GRAD_TOL, WEIGHT_TOL = 1e-5, 1e-5, 1e-4
 STEPS = 3
@@ -56,9 +58,34 @@ def test_recompute_parity(results, label):
     assert W.max_diff(ref["weights"], got["weights"]) <= WEIGHT_TOL, label
 
 
-def test_activation_memory_measured_and_predicted():
-    got = {mode: S.recompute_activations(LLAMA, dict(recompute=mode)) for mode in ("none", "selective", "full")}
-    for mode, r in got.items():
-        print(f"{mode}: measured {r['measured'] / 2**20:.2f} MiB, predicted {r['predicted'] / 2**20:.2f} MiB")
-        assert r["predicted"] / ACT_FACTOR <= r["measured"] <= r["predicted"] * ACT_FACTOR, (mode, r)
-    assert got["none"]["measured"] > got["selective"]["measured"] > got["full"]["measured"], got
+@pytest.fixture(scope="module")
+def memory():
+    """{(label, precision): {rank: MemoryRecord}} of one training step."""
+    out: dict = {}
+    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
+        for precision in ("fp32", "bf16"):
+            for rank, recs in enumerate(run_ranks(W.one_step_records, world, configs, precision)):
+                for label, (mem, _, _) in recs.items():
+                    out.setdefault((label, precision), {})[rank] = mem
+    return out
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("label", list(ALL))
+def test_activation_memory_measured_predicted_and_dry_run(memory, label, precision):
+    preset, fields = ALL[label]
+    plan = Plan(**fields, precision=precision)
+    predicted, dry = predict_memory(PRESETS[preset], plan), dry_run(preset, plan).memory()
+    for rank, m in memory[label, precision].items():
+        p = predicted[rank]
+        assert abs(p.activations - m.activations) <= ACT_TOLERANCE * m.activations, (rank, p.activations, m)
+        assert dry[rank].activations == m.activations, rank
+
+
+def test_recomputation_keeps_less(memory):
+    """Rank 0, fp32: without recomputation (the model is exact there: test_activations) more than
+    selective, which keeps more than full."""
+    for layout in ("dp2", "tp2", "fsdp2", "pp2"):
+        selective, full = (memory[f"{layout}-{mode}", "fp32"][0].activations for mode in ("selective", "full"))
+        plain = predict_memory(PRESETS[LLAMA], Plan(**{**ALL[f"{layout}-full"][1], "recompute": "none"}))[0]
+        assert plain.activations > selective > full, layout

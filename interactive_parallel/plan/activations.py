@@ -112,11 +112,6 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     return Parts(norms=norms, linear_inputs=inputs, attention=attention, mlp=mlp)
 
 
-def recompute(plan: Plan) -> str:
-    """The plan's activation recomputation: 'none', 'selective' or 'full'."""
-    return getattr(plan, "recompute", "none")
-
-
 def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_only: bool = False) -> int:
     """Output elements per token of the block's linears on this rank (of those under `module`;
     of the input linears only): colwise ones split over tp, rowwise ones whole."""
@@ -141,7 +136,7 @@ def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     a, tp, h = act_bytes(plan), plan.tp, spec.hidden_size
     tokens = rows * plan.seq_len // plan.cp
     kept = Parts(linear_inputs=tokens * h * FP32)
-    if recompute(plan) == "selective":
+    if plan.recompute == "selective":
         rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st == "rowwise")
         reduced = rowwise * h if tp > 1 else 0
         kept = kept + Parts(linear_inputs=tokens * (_outputs(spec, plan) + reduced) * a,
@@ -158,7 +153,7 @@ def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) ->
     tokens = rows * plan.seq_len // plan.cp
     whole = layer_parts(spec, plan, rows)
     norms, attention, mlp = whole.norms - tokens * spec.hidden_size * FP32, whole.attention, whole.mlp
-    if recompute(plan) == "selective":
+    if plan.recompute == "selective":
         q, kv = spec.width("q") // tp, spec.width("kv") // tp
         attention -= tokens * ((q + (kv if fam.rotary_path else q + 2 * kv)) * a + spec.num_heads // tp * FP32)
         mlp -= tokens * _outputs(spec, plan, fam.mlp_path, colwise_only=True) * a
@@ -207,7 +202,7 @@ def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
         out += rows * (plan.seq_len + 1) * INT64
     if act_bytes(plan) != FP32:
         last = plan.n_stages - 1 in stages or plan.pp == 1
-        if recompute(plan) == "none":
+        if plan.recompute == "none":
             out += weight_elements(spec, plan, rank, last=last) * act_bytes(plan)
         elif last:  # checkpointed blocks keep no weight copy from their forward; the head does
             out += (weight_elements(spec, plan, rank, last=True) - weight_elements(spec, plan, rank, last=False)) \
@@ -239,7 +234,7 @@ def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
     as kept until its backward."""
     total = plan.n_stages if plan.pp > 1 else 1
     layers = spec.num_layers // total
-    block = layer_parts(spec, plan, rows) if recompute(plan) == "none" else kept_under_recompute(spec, plan, rows)
+    block = layer_parts(spec, plan, rows) if plan.recompute == "none" else kept_under_recompute(spec, plan, rows)
     return block.scaled(layers) + once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
 
 
@@ -282,7 +277,7 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     """(what the in-flight micro-batches hold at the step's peak, what is held once per step)."""
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = micro_rows(plan)
-    extra = Parts() if recompute(plan) == "none" else recomputed_in_backward(spec, plan, rows, rank)
+    extra = Parts() if plan.recompute == "none" else recomputed_in_backward(spec, plan, rows, rank)
     if plan.pp == 1:
         forward = stage_parts(spec, plan, 0, rows)
         # Under recomputation the peak may come in the first block's backward: the head's
@@ -294,7 +289,7 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     # A schedule runs its backwards inside the step's one autocast region: the weight copies the
     # recomputed blocks make come from (and stay in) its cache, all of them from the first backward.
     cached = Parts()
-    if recompute(plan) != "none" and act_bytes(plan) != FP32:
+    if plan.recompute != "none" and act_bytes(plan) != FP32:
         cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
         extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
     best, held, after = Parts(), [0] * len(stages), Parts()
