@@ -43,6 +43,17 @@ def test_non_positive_batch_and_degrees():
     assert any("must be a whole number >= 1" in p for p in validate(Plan(dp=0), 1))
 
 
+def test_wrong_types_and_non_finite_numbers_are_problems_not_crashes():
+    assert validate(Plan(batch_size="8", dp=True, tp=2.0), 1, LLAMA) == [
+        "dp(True) must be a whole number, not bool", "tp(2.0) must be a whole number, not float",
+        "batch_size('8') must be a whole number, not str"]
+    assert validate(Plan(sequence_parallel=1, lr=None), 1) == [
+        "sequence_parallel(1) must be a bool, not int", "lr(None) must be a float, not NoneType"]
+    assert validate(Plan(lr=1), 1) == []  # an int learning rate is a number
+    assert validate(Plan(lr=float("nan"), seed=-1, virtual_stages=0), 1) == [
+        "lr(nan) must be a finite number > 0", "seed(-1) must be in 0 .. 2**63 - 1", "virtual_stages(0) must be >= 1"]
+
+
 def test_fp16_refused_on_cpu_and_cuda_without_gpu():
     assert any("fp16" in p for p in validate(Plan(precision="fp16"), 1))
     assert any("no GPU" in p for p in validate(Plan(device="cuda"), 1, cuda_available=0))

@@ -39,12 +39,13 @@ a snapshot of weights and AdamW state costs 0.4-1.8 training steps of tiny-llama
 failure loses at most 19 steps."""
 
 
-class MemoryRefused(SessionError):
-    """A plan or model predicted not to fit the ranks' machines; `problems` has the numbers."""
+class MemoryRefused(PlanError, SessionError):
+    """A plan or model predicted not to fit the ranks' machines; `problems` has the numbers.
+    A PlanError too: like every plan refusal it comes before the layout changes."""
 
     def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        super().__init__("refused before loading: predicted memory exceeds what the ranks have:\n  - "
+        Exception.__init__(self, "refused before loading: predicted memory exceeds what the ranks have:\n  - "
                          + "\n  - ".join(self.problems))
 
 
@@ -132,14 +133,15 @@ class ModelOps:
                                "pass Session(state_dir=<a path on a file system they share>)")
         return path
 
-    async def check_fits(self, spec: ModelSpec, plan: Plan) -> None:
+    async def check_fits(self, spec: ModelSpec, plan: Plan, replan: bool = True) -> None:
         """Refuse (MemoryRefused, naming predicted and available bytes) a layout predicted not to
-        fit the ranks' machines; asks the ranks what is free (changing nothing)."""
+        fit the ranks' machines; asks the ranks what is free (changing nothing). replan=False:
+        the layout stays (new training knobs), so no state is staged on the way."""
         from ..plan.fit import memory_problems
 
         facts = await self.ranks.call(api.host_memory, what="memory check")
         current = (self.spec, self.plan) if self.spec is not None and self.plan is not None else None
-        problems = memory_problems(spec, plan, facts, current)
+        problems = memory_problems(spec, plan, facts, current, staged_on_host=replan)
         if problems:
             raise MemoryRefused(problems)
 
@@ -244,11 +246,12 @@ class ModelOps:
     # ---- long calls ---------------------------------------------------------------------------------
     async def train(self, steps: int, on_step: Callable[[list[StepRecord]], None] | None = None,
                     snapshot_every: int | None = None, **knobs: Any) -> RecordList:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-            raise ValueError(f"steps({steps}) must be a whole number >= 0")
         every = self.snapshot_every if snapshot_every is None else snapshot_every
-        if not isinstance(every, int) or isinstance(every, bool) or every < 0:
-            raise ValueError(f"snapshot_every({every}) must be a whole number >= 0")
+        problems = [f"{name}({value!r}) must be a whole number >= 0" for name, value in
+                    (("steps", steps), ("snapshot_every", every))
+                    if not isinstance(value, int) or isinstance(value, bool) or value < 0]
+        if problems:
+            raise PlanError(problems)
         self.require_model()
         self.refuse_quantized("train")
         self.stop.clear()
@@ -258,6 +261,8 @@ class ModelOps:
             await self.apply(plan)
         elif plan != self.plan:
             await self.ranks.require()
+            # A larger batch or sequence is more activation memory: asked before it is run.
+            await self.check_fits(self.spec, plan, replan=False)
             await self.ranks.call(api.update_training, (plan,), what="update_training")
             self.plan = plan
         out = RecordList(columns=STEP_COLUMNS)

@@ -7,6 +7,7 @@ before any rank is touched.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTES = ("none", "selective", "full")
+SEED_LIMIT = 2**63
+"""Seeds torch's generators take (torch.manual_seed refuses 2**64 and above)."""
 
 
 class PlanError(ValueError):
@@ -131,11 +134,13 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
 
     `cuda_available` is the number of GPUs the ranks can see (None: unknown, not checked).
     """
-    problems: list[str] = []
+    problems = _type_problems(plan)
+    if problems:
+        return problems
     # Messages name degrees in the order users write them, not the mesh's layout order.
     degrees = [(n, getattr(plan, n)) for n in ("dp", "fsdp", "tp", "pp", "cp")]
     for name, value in degrees:
-        if not isinstance(value, int) or value < 1:
+        if value < 1:
             problems.append(f"{name}({value}) must be a whole number >= 1")
     if problems:
         return problems
@@ -154,8 +159,10 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append("precision 'fp16' needs device 'cuda' (CPU autocast runs bf16)")
     if plan.pp_schedule not in PP_SCHEDULES:
         problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
-    if plan.lr <= 0:
-        problems.append(f"lr({plan.lr}) must be > 0")
+    if not math.isfinite(plan.lr) or plan.lr <= 0:
+        problems.append(f"lr({plan.lr}) must be a finite number > 0")
+    if not 0 <= plan.seed < SEED_LIMIT:
+        problems.append(f"seed({plan.seed}) must be in 0 .. 2**63 - 1")
     if plan.recompute not in RECOMPUTES:
         problems.append(f"recompute {plan.recompute!r} is not one of {', '.join(RECOMPUTES)}")
 
@@ -163,6 +170,24 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
     problems += _combination_problems(plan)
     if spec is not None:
         problems += _model_problems(plan, spec)
+    return problems
+
+
+def _type_problems(plan: Plan) -> list[str]:
+    """Each field of the type its default has (an int field takes no bool or float, lr takes
+    an int or a float): the value checks after this one compare numbers."""
+    problems = []
+    for f in dataclasses.fields(plan):
+        value, kind = getattr(plan, f.name), type(f.default)
+        if kind is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            problems.append(f"{f.name}({value!r}) must be a {'whole number' if kind is int else kind.__name__}, "
+                            f"not {type(value).__name__}")
     return problems
 
 
@@ -176,6 +201,8 @@ def _batch_problems(plan: Plan) -> list[str]:
         problems.append(f"grad_accum({plan.grad_accum}) must be >= 1")
     if plan.microbatches < 0:
         problems.append(f"microbatches({plan.microbatches}) must be >= 0")
+    if plan.virtual_stages < 1:
+        problems.append(f"virtual_stages({plan.virtual_stages}) must be >= 1")
     if problems:
         return problems
     split = plan.data_parallel * plan.grad_accum
