@@ -13,7 +13,8 @@ Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|e
 step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
 `train.step`. Checkpoints are DCP's standard files; re-plans and snapshots (scratch) use
 runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, under one
-folder: the newest complete one (its `.metadata` written, which DCP does last) wins.
+folder, each written under a temporary name and moved into place once complete
+(runtime.atomic_dir): a rank killed while writing one leaves the previous one to restore.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import atomic_dir
 from .parallelized import Parallelized
 from .pieces import Pieces
 
@@ -206,18 +208,25 @@ def snapshot_dirs(folder: str) -> list[str]:
     """Complete snapshots under `folder`, oldest first."""
     if not os.path.isdir(folder):
         return []
-    names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
+    names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX) and not atomic_dir.is_partial(n))
     return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n, ".metadata"))]
 
 
 def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
-    """A new generation under `folder` (a collective); the older ones go once it is complete."""
+    """A new generation under `folder` (a collective): written under a temporary name, moved
+    into place when every rank has written (DCP writes its metadata last, after all ranks),
+    then the older generations (and any partial one an interruption left) go."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
-    save(par, optimizer, path, step, raw=True)
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    staging = atomic_dir.staging_path(path, token="writing")  # one name on every rank
+    save(par, optimizer, staging, step, raw=True)
+    peers = dist.is_initialized() and dist.get_world_size() > 1
+    if not peers or dist.get_rank() == 0:
+        atomic_dir.publish(staging, path)
         for old in os.listdir(folder):
             if old.startswith(SNAPSHOT_PREFIX) and os.path.join(folder, old) != path:
                 shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+    if peers:
+        dist.barrier()  # nobody reads `path` before it is in place
     return path
 
 
