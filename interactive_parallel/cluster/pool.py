@@ -116,26 +116,58 @@ class LocalPool(Pool):
         self._write_state()
 
     def _fork_engines(self, n: int) -> None:
-        """Start a zygote for n engines. It imports torch while the controller starts, then
-        waits for the controller's engine connection file and forks."""
+        """n engines forked from the standing zygote template (replacements: no import), or
+        from a new zygote, which imports torch while the controller starts, then waits for
+        the controller's engine connection file and forks. The first zygote's template stays
+        (cluster/zygote.py) to fork replacements."""
+        if self._zygotes and self._ask_template(n):
+            return
         path = os.path.join(self.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
         log = open(os.path.join(self.profile_dir, f"zygote-{len(self._zygotes)}.log"), "ab")
+        spare = [] if self._zygotes else [self._requests]
+        if spare:
+            os.mkfifo(self._requests, 0o600)
         self._zygotes.append(subprocess.Popen(
-            [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), self.profile_dir, path],
+            [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), self.profile_dir, path, *spare],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
         log.close()
+
+    @property
+    def _requests(self) -> str:
+        return os.path.join(self.profile_dir, "zygote-requests")
+
+    def _template_pid(self) -> int | None:
+        try:
+            with open(self._requests + ".pid") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def _ask_template(self, n: int) -> bool:
+        """Have the standing template fork n engines; False when it is not there to ask."""
+        try:
+            fd = os.open(self._requests, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: nobody reads it
+        except OSError:
+            return False
+        try:
+            os.write(fd, f"{n}\n".encode())
+        finally:
+            os.close(fd)
+        return True
 
     def _wait_for(self, total: int, timeout: float) -> None:
         try:
             self.client.wait_for_engines(total, timeout=timeout, interactive=False)
         except TimeoutError as exc:
-            logs = sorted(f for f in os.listdir(self.profile_dir) if f.startswith("zygote"))
-            tail = ""
-            if logs:
-                with open(os.path.join(self.profile_dir, logs[-1]), errors="replace") as f:
-                    tail = f.read()[-2000:]
             raise TimeoutError(f"{len(self.client.ids)} of {total} engines registered in {timeout:g} s"
-                               + (f"; engine log:\n{tail}" if tail else "")) from exc
+                               + self._log_tail()) from exc
+
+    def _log_tail(self) -> str:
+        logs = sorted(f for f in os.listdir(self.profile_dir) if f.startswith("zygote"))
+        if not logs:
+            return ""
+        with open(os.path.join(self.profile_dir, logs[-1]), errors="replace") as f:
+            return f"; engine log:\n{f.read()[-2000:]}"
 
     def pids(self) -> list[int]:
         """Pids of the controller and engines (each leads its own process group)."""
@@ -155,9 +187,10 @@ class LocalPool(Pool):
         out = []
         for es in self.cluster.engines.values():
             out += [int(l.pid) for l in getattr(es, "launchers", {}).values() if getattr(l, "pid", None)]
+        template = self._template_pid()
         for z in self._zygotes:
             try:
-                out += [c.pid for c in psutil.Process(z.pid).children(recursive=True)]
+                out += [c.pid for c in psutil.Process(z.pid).children(recursive=True) if c.pid != template]
             except psutil.NoSuchProcess:
                 pass
         return out
@@ -201,14 +234,22 @@ class LocalPool(Pool):
             json.dump({"groups": [], "paths": [self.profile_dir]}, f)
         self._leash = reaper.start(self._state_file)
 
-    def add_engines(self, n: int, timeout: float = 60.0) -> None:
-        before = len(self.client.ids)
+    def add_engines(self, n: int, timeout: float = 60.0) -> list[int]:
+        """Start n more engines; their ids, once registered. Counted as new ids, not as a total:
+        a dead engine the controller has not dropped yet may leave the count while we wait."""
+        before = set(self.client.ids)
         if self.launch == "fork":
             self._fork_engines(n)
         else:
             self.cluster.start_engines_sync(n=n)
-        self._wait_for(before + n, timeout)
+        deadline = time.monotonic() + timeout
+        while len(set(self.client.ids) - before) < n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(set(self.client.ids) - before)} of {n} new engines registered in "
+                                   f"{timeout:g} s" + self._log_tail())
+            time.sleep(0.02)
         self._write_state()
+        return sorted(set(self.client.ids) - before)
 
     def stop(self) -> None:
         pids = self.pids() if getattr(self, "cluster", None) else []
