@@ -487,6 +487,15 @@ class FaultSpec(Record):
     collective: int = 0
     seconds: float = 0.0
     """slow: how long to sleep; hang: how long (0: until the rank is killed)."""
+    time: float = 0.0
+    """When it fired (time.time() on the rank's clock; 0: armed, not fired)."""
+    detail: str = ""
+    """Where it fired ('at step 1 in all_reduce (collective 0)'), once it has."""
+
+    def describe(self) -> str:
+        where = self.detail or (f"at step {self.at_step}" + (
+            f", collective {self.collective}" if self.where == "collective" else ""))
+        return f"{self.fault} on rank {self.rank} {where}" + (f" ({self.seconds:g} s)" if self.seconds else "")
 
 
 RECORD_TYPES: dict[str, type[Record]] = {

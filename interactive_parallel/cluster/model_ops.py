@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -24,7 +25,7 @@ from ..plan import ModelSpec, Plan, PlanError, check, resolve_model
 from ..plan.inference import quantization_problems, request_problems, serving_engine
 from ..records import (DecodeStep, RecordList, Request, RequestRecord, ServeResult, StepRecord, TokenRecord,
                        VerifyReport)
-from ..runtime import api
+from ..runtime import api, atomic_dir
 from .errors import SessionError
 from .rankset import RankSet
 from .scratch import Scratch
@@ -47,6 +48,18 @@ class MemoryRefused(PlanError, SessionError):
         self.problems = list(problems)
         Exception.__init__(self, "refused before loading: predicted memory exceeds what the ranks have:\n  - "
                          + "\n  - ".join(self.problems))
+
+
+def refuse_replacing(path: str) -> None:
+    """Saving replaces what is at `path` only when it is a checkpoint (or nothing, or empty)."""
+    if not os.path.lexists(path):
+        return
+    if not os.path.isdir(path):
+        raise FileExistsError(f"{path} exists and is not a directory: not replacing it with a checkpoint")
+    entries = os.listdir(path)
+    if entries and not ({MANIFEST, ".metadata"} & set(entries)):
+        raise FileExistsError(f"{path} holds files that are not a checkpoint ({', '.join(sorted(entries)[:5])}"
+                              f"{', ...' if len(entries) > 5 else ''}): saving would replace them; pick another path")
 
 
 class CheckpointError(SessionError):
@@ -76,7 +89,7 @@ class ModelOps:
     """Steps between recovery snapshots during train (0: none)."""
     restored: dict = field(default_factory=dict)
     """How the last lay-out got its state: {'state': 'seed'|'carried'|'kept'|'snapshot', 'step'}."""
-    _kept: list[bool] = field(default_factory=list)
+    _kept: list[int | None] = field(default_factory=list)
     _shared: bool = False
     _shared_checked: tuple | None = None
 
@@ -212,6 +225,7 @@ class ModelOps:
         if self.plan is not None:
             await self.check_fits(spec, self.plan)
         await self.ranks.call(api.load_model, (spec,), what="load_model")
+        self.forget_snapshots()  # they hold the previous model's training, not this one's
         self.spec = spec
         self.quantization = None
         self.telemetry.keep_quantization([])
@@ -406,33 +420,52 @@ class ModelOps:
         if flag:
             self.check_debug_plan(self.plan, turning_on=True)
         await self.ranks.require()
-        await self.ranks.call(api.keep_local, what="set_debug")
+        kept = await self.ranks.call(api.keep_local, what="set_debug")
         await self.ranks.call(api.set_debug, (bool(flag),), what="set_debug")
         await self.ranks.form_group()
         if self.spec is not None and self.plan is not None:
-            infos = await self.ranks.call(api.apply_plan, (self.plan, None, "kept"), what="apply")
+            restore = "kept" if None not in kept and len(set(kept)) == 1 else "snapshot"
+            scratch = await self.shared_scratch() if restore == "snapshot" and self.scratch.created else None
+            infos = await self.ranks.call(api.apply_plan, (self.plan, scratch, restore), what="apply")
             self.restored = infos[0]
         self.debug = bool(flag)
 
     # ---- files ---------------------------------------------------------------------------------------
     async def save(self, path: str) -> str:
+        """Written under a temporary name beside `path` (runtime.atomic_dir), manifest last, then
+        moved into place: an interrupted save leaves the previous checkpoint at `path` whole and
+        its own files under `<path>.partial-<token>` (removed by the next save of `path`)."""
         plan = self.require_layout()
         self.refuse_quantized("save")
         path = os.path.abspath(path)  # the ranks' working directory is not ours
-        os.makedirs(path, exist_ok=True)
+        refuse_replacing(path)
         await self.ranks.require()
-        info = (await self.ranks.call(api.save_checkpoint, (path,), what="save"))[0]
-        manifest = {"model": dataclasses.asdict(self.spec), "plan": plan.to_dict(), "tensors": info.get("tensors"),
-                    "optimizer": info.get("optimizer"), "step": info.get("step")}
-        with open(os.path.join(path, MANIFEST), "w") as f:
-            json.dump(manifest, f, indent=1)
+        atomic_dir.remove_partials(path)
+        staging = atomic_dir.staging_path(path)
+        os.makedirs(staging)
+        try:
+            info = (await self.ranks.call(api.save_checkpoint, (staging,), what="save"))[0]
+            manifest = {"model": dataclasses.asdict(self.spec), "plan": plan.to_dict(),
+                        "tensors": info.get("tensors"), "optimizer": info.get("optimizer"), "step": info.get("step")}
+            with open(os.path.join(staging, MANIFEST), "w") as f:
+                json.dump(manifest, f, indent=1)
+            atomic_dir.publish(staging, path)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
         return path
 
     async def load(self, path: str, keep_quantization: bool = False) -> str:
         path = os.path.abspath(path)
         manifest_path = os.path.join(path, MANIFEST)
+        if atomic_dir.is_partial(path):
+            raise CheckpointError(f"{path} is an interrupted save, never completed", [
+                "a checkpoint is written under this temporary name and moved into place only when complete; "
+                "load the checkpoint at its own name instead"])
         if not os.path.isfile(manifest_path):
-            raise FileNotFoundError(f"{path} holds no checkpoint of this package ({MANIFEST} missing)")
+            left = atomic_dir.partials(path)
+            raise FileNotFoundError(f"{path} holds no checkpoint of this package ({MANIFEST} missing)"
+                                    + (f"; {', '.join(left)}: an interrupted save of it" if left else ""))
         with open(manifest_path) as f:
             saved = json.load(f)["model"]
         spec = self.require_model()
@@ -451,8 +484,22 @@ class ModelOps:
         if problems:
             raise CheckpointError(f"checkpoint {path} does not fit the loaded {spec.name!r}", problems)
         await self.ranks.call(api.load_checkpoint, (path,), what="load")
+        await self.snapshot_now()  # a rank that dies next resumes from what was just loaded
         await self._after_full_precision(scheme)
         return path
+
+    # ---- recovery snapshots ---------------------------------------------------------------------------
+    def forget_snapshots(self) -> None:
+        """The snapshots belong to the model trained so far: after another model is loaded a
+        dead rank's replacement must not resume from them."""
+        if self.scratch.created:
+            shutil.rmtree(os.path.join(self.scratch.path, "snapshots"), ignore_errors=True)
+
+    async def snapshot_now(self) -> None:
+        """A snapshot of the state as it is (after a checkpoint replaced it), when snapshots are on."""
+        scratch = await self.shared_scratch() if self.snapshot_every else None
+        if scratch is not None:
+            await self.ranks.call(api.take_snapshot, (scratch,), what="snapshot")
 
     async def export_script(self, path: str, steps: int) -> str:
         """The script at `path`, and beside it (`<name>_state/`) the ranks' current weights,
@@ -480,11 +527,13 @@ class ModelOps:
         self._kept = await self.ranks.call(api.keep_local, ranks=survivors, what="recover") if survivors else []
 
     async def after_reform(self, replaced: bool) -> None:
-        """Lay the model out again: from the kept shards when every rank is the one it was,
-        else from the newest snapshot (the seed, with a warning, when there is none)."""
+        """Lay the model out again: from the kept shards when every rank is the one it was and
+        all of them hold the same step (a failure inside a step can leave a rank that finished
+        it beside peers that did not), else from the newest snapshot (the seed, with a
+        warning, when there is none)."""
         if self.spec is None or self.plan is None:
             return
-        kept = not replaced and self._kept and all(self._kept)
+        kept = not replaced and bool(self._kept) and None not in self._kept and len(set(self._kept)) == 1
         restore = "kept" if kept else "snapshot"
         scratch = await self.shared_scratch() if restore == "snapshot" and self.scratch.created else None
         await self.ranks.call(api.load_model, (self.spec,), what="load_model")

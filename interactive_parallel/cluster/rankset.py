@@ -12,10 +12,12 @@ it a `Relayout` hook, called around every re-formed group. `doctor()` and `run()
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
 import warnings
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -27,12 +29,15 @@ from .errors import RankError, RankTimeout, SessionError
 from .pool import Pool
 
 DEATH_WAIT_S = 4.0
-"""After a failure, how long to look for a dead engine behind it (its peers fail first)."""
-_RANK_OWN_ERRORS = {"InjectedFault", "ValueError", "TypeError", "KeyError", "AttributeError", "NameError",
-                    "AssertionError", "IndexError", "ZeroDivisionError", "NotImplementedError"}
-"""Errors a rank raises of its own accord: no dead peer behind them, nothing to wait for."""
-STUCK_MARGIN_S = 5.0
-"""Past the collective timeout, how long a rank may still be busy before it counts as hung."""
+"""After a peer's connection dropped, how long to look for a dead engine behind it (on another
+host only the controller's heartbeat sees it; a process of our own pool is seen at once)."""
+_LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer", re.I)
+"""What a rank's error says when a peer's process went away under it."""
+_TIMED_OUT = re.compile(r"timed? ?out", re.I)
+"""What a rank's error says when it gave up waiting in a collective."""
+STUCK_MARGIN_S = 3.0
+"""How long after its peers' collectives timed out a rank may still be busy before it counts as
+hung: peers blocked in the same step give up within about a step of each other."""
 DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "address", "threads", "torch",
                   "transformers", "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
 CLOCK_COLUMNS = ("rank", "host", "offset_s", "rtt_s")
@@ -80,15 +85,21 @@ class RankSet:
     """The streaming call in flight (interrupt() aborts it)."""
     faults: list[FaultSpec] = field(default_factory=list)
     """Faults armed for the next long call (so its error can say which one it was)."""
+    fired: list[FaultSpec] = field(default_factory=list)
+    """Faults that fired during the latest long call (each with its time on this client's clock)."""
     dirty: bool = False
     """A call failed with peers possibly left in a collective: re-form the group before the next."""
+    patience: float = 0.0
+    """After the latest failure: seconds (from caller.failed_at) its stragglers may still take."""
+    _gone_engines: set[int] = field(default_factory=set)
+    """Engine ids whose process is gone, though the controller may not have noticed yet."""
     _paths: set[str] = field(default_factory=set)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def connect(self, expected: int | None = None) -> None:
         """Assign ranks, set each one up and form the process group (on a new or re-formed pool)."""
         pool = self.pool
-        ids = pool.engine_ids
+        ids = [e for e in pool.engine_ids if e not in self._gone_engines]
         if expected is not None and len(ids) != expected:
             raise SessionError(f"pool has {len(ids)} engines, expected {expected}")
         probe = RankCaller(pool.client, ids)
@@ -112,7 +123,7 @@ class RankSet:
                     for h, n in local.items() if n > min(f["cuda"] for f in facts if f["host"] == h)]
             if over:
                 raise SessionError("one GPU per local rank needed; " + "; ".join(over))
-        self.caller = RankCaller(pool.client, ids, [f["host"] for f in facts])
+        self.caller = RankCaller(pool.client, ids, [f["host"] for f in facts], dead=self.dead_ranks)
         self.view = pool.client[ids]
         self.view.block = True  # %px cells show each rank's output when they finish
         world = len(ids)
@@ -207,10 +218,12 @@ class RankSet:
             raise SessionError("the ranks are busy with a running call (train/generate): interrupt() it "
                                "or wait for it to finish")
         if self.caller.pending and not (self.pool.owned and self.dead_ranks()):
-            # Peers of a failed rank leave their collective within the collective timeout; a rank
-            # still busy after that (and a margin) is hung: a pool we own replaces it. (When a
+            # Peers of a failed rank leave their collective within the collective timeout of the
+            # failure; a rank still busy after that is hung: a pool we own replaces it. (When a
             # rank died, recover replaces its stuck peers at once instead of waiting.)
-            stuck = await self.caller.drain(self.collective_timeout + STUCK_MARGIN_S)
+            left = self.caller.failed_at + self.patience - time.monotonic()
+            stuck = await self.caller.drain(max(0.0, left),
+                                            extend=self.collective_timeout + STUCK_MARGIN_S if self.patience else 0.0)
             if stuck:
                 if not self.pool.owned:
                     raise SessionError(f"rank(s) {stuck} are still busy with an earlier call; restart their "
@@ -242,12 +255,22 @@ class RankSet:
         """fn on every rank, each record it publishes handed to `on_item(rank, record)` as it comes.
         `stop`, once set (also before the call reaches the ranks), ends it at the ranks' next boundary."""
         caller = await self.require()
+        self.fired = []
+
+        def take(rank: int, item: Any) -> None:
+            if isinstance(item, FaultSpec):  # an injected fault announcing itself as it fires
+                offset = self.clock_offsets().get(rank, 0.0)
+                self.fired.append(dataclasses.replace(item, time=item.time - offset))
+            else:
+                on_item(rank, item)
+
         submitted = caller.submit(fn, args)
         self.running = submitted
         if stop is not None and stop.is_set():
             caller.abort(submitted)
         try:
-            return await self._guarded(caller, caller.stream(submitted, on_item, timeout or self.timeout, what))
+            return await self._guarded(caller, caller.stream(submitted, take, timeout or self.timeout, what,
+                                                             stall=self.collective_timeout + STUCK_MARGIN_S))
         finally:
             self.running = None
             self.faults = []  # armed for this call only (the ranks forget them too)
@@ -259,9 +282,11 @@ class RankSet:
             return await waiting
         except RankError as exc:
             self.dirty = bool(caller.pending) or self.dirty
+            self.patience = self.collective_timeout + STUCK_MARGIN_S
             raise await self._explain(exc) from exc
         except RankTimeout:
             self.dirty = bool(caller.pending) or self.dirty
+            self.patience = self.collective_timeout + STUCK_MARGIN_S
             raise
 
     def abort(self) -> bool:
@@ -276,19 +301,22 @@ class RankSet:
         """Arm `fault` on its rank (checked here first: nothing is sent for a bad one)."""
         from ..runtime.faults import KINDS, PLACES
 
+        def whole(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
         problems = []
-        if not isinstance(fault.rank, int) or not 0 <= fault.rank < self.world_size:
-            problems.append(f"rank({fault.rank}) is not one of 0..{self.world_size - 1}")
+        if not whole(fault.rank) or not fault.rank < self.world_size:
+            problems.append(f"rank({fault.rank!r}) is not one of 0..{self.world_size - 1}")
         if fault.fault not in KINDS:
             problems.append(f"fault {fault.fault!r} is not one of {', '.join(KINDS)}")
         if fault.where not in PLACES:
             problems.append(f"where {fault.where!r} is not one of {', '.join(PLACES)}")
-        if not isinstance(fault.at_step, int) or fault.at_step < 0:
-            problems.append(f"at_step({fault.at_step}) must be a whole number >= 0")
-        if not isinstance(fault.collective, int) or fault.collective < 0:
-            problems.append(f"collective({fault.collective}) must be a whole number >= 0")
-        if fault.seconds < 0:
-            problems.append(f"seconds({fault.seconds}) must be >= 0")
+        if not whole(fault.at_step):
+            problems.append(f"at_step({fault.at_step!r}) must be a whole number >= 0")
+        if not whole(fault.collective):
+            problems.append(f"collective({fault.collective!r}) must be a whole number >= 0")
+        if not isinstance(fault.seconds, (int, float)) or isinstance(fault.seconds, bool) or fault.seconds < 0:
+            problems.append(f"seconds({fault.seconds!r}) must be a number >= 0")
         if problems:
             raise ValueError("; ".join(problems))
         await self.require()
@@ -298,31 +326,67 @@ class RankSet:
 
     # ---- failures ----------------------------------------------------------------------------------
     async def _explain(self, exc: RankError) -> RankError:
-        """The error to show for a failed call: when a rank died, its peers' "connection closed"
-        came first; name the dead rank instead (ipyparallel's heartbeat reports it within about a
-        second), and name the injected fault behind it, if one was armed."""
+        """The error to show for a failed call. When a rank died, its peers' "connection closed"
+        came first: name the dead rank instead. When the peers gave up waiting in a collective,
+        the rank they waited for is the one still running once the other blocked peers have
+        timed out too (STUCK_MARGIN_S): name it as hung. Either way, name the injected fault
+        behind it, if one fired or was armed."""
         import asyncio
 
-        dead: list[int] = []
-        if exc.ename not in _RANK_OWN_ERRORS:
-            for _ in range(int(DEATH_WAIT_S / 0.05)):
+        dead = self.dead_ranks()
+        said = [f"{exc.ename}: {exc.evalue}", *exc.others.values()]
+        if not dead and any(_LOST.search(x) for x in said):
+            for _ in range(int(DEATH_WAIT_S / 0.05)):  # another host's death: the heartbeat tells
                 dead = self.dead_ranks()
                 if dead or self.caller is None:
                     break
                 await asyncio.sleep(0.05)
+        timed_out = exc.ename == "RankHung" or any(_TIMED_OUT.search(x) for x in said)
+        if dead:
+            self._gone_engines |= {self.caller.engine_ids[r] for r in dead}
         if dead and exc.rank not in dead:
             others = {**exc.others, exc.rank: f"{exc.ename}: {(exc.evalue.splitlines() or [''])[0][:200]}"}
             exc = RankError(dead[0], "EngineDied", f"the process of rank {dead[0]} is gone (killed, out of memory "
                             "or crashed); its peers lost their connections", "", host=self.caller.hosts[dead[0]],
                             what=exc.what, others=others, stuck=[r for r in exc.stuck if r not in dead])
-        culprit = next((f for f in self.faults if f.rank in (exc.rank, *exc.stuck)), None)
-        if culprit is not None:
-            exc = exc.with_fault(f"{culprit.fault} on rank {culprit.rank} at step {culprit.at_step}"
-                                 + (f", collective {culprit.collective}" if culprit.where == "collective" else ""))
+        elif not dead and timed_out and exc.stuck and exc.ename != "RankHung":
+            exc = await self._name_hung(exc)
+        if timed_out and not dead:
+            self.patience = 0.0 if exc.ename == "RankHung" else STUCK_MARGIN_S
+        named = {exc.rank, *exc.stuck, *exc.others}
+        culprits = [f for f in self.fired if f.rank in named] or self.fired or \
+            [f for f in self.faults if f.rank in named] or self.faults
+        if culprits:
+            exc = exc.with_fault("; ".join(f.describe() for f in culprits))
         return exc
 
+    async def _name_hung(self, exc: RankError) -> RankError:
+        """Peers timed out in a collective: wait (up to STUCK_MARGIN_S) for the other blocked
+        ones to time out too; the ranks then still running are the ones they waited for."""
+        import asyncio
+
+        from .errors import remote_error_fields
+
+        pending = self.caller.pending
+        deadline = time.monotonic() + STUCK_MARGIN_S
+        while time.monotonic() < deadline and sum(not ar.done() for _, ar in pending) > 1:
+            await asyncio.sleep(0.05)
+        hung = [r for r, ar in pending if not ar.done()]
+        if not hung:
+            return exc
+        others = {exc.rank: f"{exc.ename}: {(exc.evalue.splitlines() or [''])[0][:200]}", **exc.others}
+        for r, ar in pending:
+            if ar.done() and ar.exception() is not None:
+                e, v, _ = remote_error_fields(ar.exception())
+                others[r] = f"{e}: {(v.splitlines() or [''])[0][:200]}"
+        self.caller.pending = [(r, ar) for r, ar in pending if not ar.done()]
+        return RankError(hung[0], "RankHung", f"rank {hung[0]} was still running {exc.what} after its peers "
+                         f"gave up waiting for it in a collective ({self.collective_timeout:g} s): it hung, "
+                         "or never reached that collective", "", host=self.caller.hosts[hung[0]], what=exc.what,
+                         others=others, stuck=hung[1:])
+
     async def _kill(self, pids: list[int]) -> None:
-        """SIGKILL engines of our own pool, then wait (bounded) until the controller reports them gone."""
+        """SIGKILL engines of our own pool; their ranks count as dead from then on."""
         import asyncio
         import signal
 
@@ -332,18 +396,32 @@ class RankSet:
             except ProcessLookupError:
                 pass
         doomed = {r for r, i in enumerate(self.info) if i["pid"] in pids}
-        for _ in range(200):  # the heartbeat notices a dead engine within a few of its periods
+        for _ in range(200):  # SIGKILL ends a process within milliseconds
             if doomed <= set(self.dead_ranks()):
-                return
+                break
             await asyncio.sleep(0.05)
+        self._gone_engines |= {self.caller.engine_ids[r] for r in doomed}
         self.caller.pending = []
 
     def dead_ranks(self) -> list[int]:
-        """Ranks whose engine is gone (killed, out of memory, crashed)."""
+        """Ranks whose engine is gone (killed, out of memory, crashed): the controller dropped it,
+        or, in a pool we started on this machine, its process no longer runs (seen at once; the
+        controller's heartbeat takes a second or two)."""
         if self.pool is None or self.caller is None or self.pool.client is None:
             return []
         alive = set(self.pool.client.ids)
-        return [r for r, eid in enumerate(self.caller.engine_ids) if eid not in alive]
+        return [r for r, eid in enumerate(self.caller.engine_ids)
+                if eid not in alive or eid in self._gone_engines or self._process_gone(r)]
+
+    def _process_gone(self, rank: int) -> bool:
+        if not self.pool.owned or rank >= len(self.info):
+            return False
+        import psutil
+
+        try:
+            return psutil.Process(self.info[rank]["pid"]).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     async def recover(self, replace: int = 0) -> None:
         """After a failure that may have left collectives half-done, or a dead rank: a fresh
@@ -358,6 +436,7 @@ class RankSet:
             dead |= set(stuck)
             replace += len(stuck)
         self.caller.pending = []
+        self._gone_engines |= {self.caller.engine_ids[r] for r in dead}  # connect must not pick them
         survivors = [r for r in range(self.world_size) if r not in dead]
         if self.relayout is not None:
             await self.relayout.before_reform(survivors)

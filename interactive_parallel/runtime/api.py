@@ -94,20 +94,25 @@ def release_endpoint() -> None:
         sock.close()
 
 
-def keep_local() -> bool:
+def keep_local() -> int | None:
     """Before a fresh process group: keep this rank's own shards of the weights and optimizer
     state (references, no copy, no collective), so the same plan on the same ranks resumes
-    them (apply_plan(restore='kept')). False when there is nothing to keep."""
+    them (apply_plan(restore='kept')). The step they belong to (the client keeps them only
+    when every rank holds the same step), or None when there is nothing to keep, or nothing
+    trustworthy: a rank that skipped a collective (an injected fault) may hold shards its
+    peers never agreed on."""
+    from . import faults
+
     st = _state.get()
     st.extra.pop("kept", None)
-    if st.parallel is None:
-        return False
+    if st.parallel is None or faults.tainted():
+        return None
     from .recovery import keep
 
     dequantize()  # the kept shards are the full-precision weights
 
     st.extra["kept"] = keep(st.parallel, st.optimizer, st.step)
-    return True
+    return st.step
 
 
 def doctor(engine_id: int) -> RankInfo:
@@ -154,6 +159,9 @@ def apply_plan(plan: Plan, scratch: str | None = None, restore: str | None = Non
         st.parallel = st.model = st.optimizer = None  # free the old layout before building the new one
     device = _dist.torch_device(plan.device, st.local_rank)
     how, step = rebuild(st, plan, device, scratch, restore)
+    from . import faults
+
+    faults.layout_built()
     if temporary is not None and st.rank == 0:
         import shutil
 
@@ -283,7 +291,8 @@ def serve(requests: list[Request], options: dict[str, Any]) -> ServeResult:
     """This rank's part of a serving call (runtime.serve): its replica's requests, continuously
     batched by the engine the client chose (options: engine, reason, policy, max_batch,
     kv_tokens). Tokens, finished requests and steps stream through runtime.channel as they
-    happen; the records no channel took come back in the ServeResult."""
+    happen; the records no channel took come back in the ServeResult. Armed faults fire at
+    the engines' step boundaries (runtime.serve, runtime.serve_transformers)."""
     from . import faults
     from .serve import serve as _serve
 

@@ -8,12 +8,16 @@ counted from 0 at its start), or inside the n-th collective that step issues. Ki
 - raise: an InjectedFault exception, as a bug in user code would raise;
 - skip_collective: the rank skips one collective its peers issue (they wait for it);
 - slow: the rank sleeps `seconds` and goes on (an imbalanced or throttled rank).
-A fault fires once and is then disarmed. Collectives are seen through the comm ledger's
-dispatcher kernels (runtime/probes/comms.py), which call `on_collective` before each op.
+A fault fires once and is then disarmed. Just before it acts, the rank sends the fault (its
+`time` set) through runtime.channel, so the client can name it even when the rank dies.
+Collectives are seen through the comm ledger's dispatcher kernels (runtime/probes/comms.py),
+which call `on_collective` before each op. A rank that skipped a collective is `tainted`:
+its shards may hold what its peers never agreed on, so it does not keep them for recovery.
 Knows nothing of who arms faults (the Session's `inject`) or of how errors travel.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -24,6 +28,8 @@ KINDS = ("kill", "hang", "raise", "skip_collective", "slow")
 PLACES = ("step", "collective")
 HANG_S = 24 * 3600.0
 """A hang lasts until the rank is killed (the Session replaces a rank still stuck after a timeout)."""
+FLUSH_S = 0.05
+"""Before a kill: time for the fault's record to leave the process (ipyparallel sends it from a thread)."""
 
 
 class InjectedFault(RuntimeError):
@@ -31,7 +37,7 @@ class InjectedFault(RuntimeError):
 
 
 _ARMED: list[FaultSpec] = []
-_STATE = {"step": -1, "collective": 0}
+_STATE = {"step": -1, "collective": 0, "tainted": False}
 
 
 def arm(fault: FaultSpec) -> None:
@@ -54,6 +60,16 @@ def disarm() -> int:
 
 def armed() -> list[FaultSpec]:
     return list(_ARMED)
+
+
+def tainted() -> bool:
+    """This rank skipped a collective since its layout was built: its state is not to be kept."""
+    return bool(_STATE["tainted"])
+
+
+def layout_built() -> None:
+    """A fresh layout (seed, carried state, snapshot): whatever a skipped collective spoiled is gone."""
+    _STATE["tainted"] = False
 
 
 def call_started() -> None:
@@ -82,6 +98,8 @@ def on_collective(op: str) -> bool:
         if f.collective == index:
             if f.fault == "skip_collective":
                 _ARMED.remove(f)
+                _STATE["tainted"] = True
+                _announce(f, f" in {op} (collective {index})")
                 return True
             _fire(f, f" in {op} (collective {index})")
     return False
@@ -93,13 +111,24 @@ def _due(where: str) -> list[FaultSpec]:
 
 def _promote(f: FaultSpec) -> None:
     _ARMED.remove(f)
-    arm(FaultSpec(rank=f.rank, fault=f.fault, at_step=f.at_step, where="collective", collective=0,
-                  seconds=f.seconds))
+    arm(dataclasses.replace(f, where="collective", collective=0))
+
+
+def _announce(f: FaultSpec, where: str) -> None:
+    """Tell the driver which fault fires, and when, before it acts. Before a fault that may
+    end the process (a kill; a skipped collective, after which gloo may abort on the next
+    mismatched one), give the record time to leave it."""
+    from . import channel
+
+    if channel.emit(dataclasses.replace(f, time=time.time(), detail=f"at step {f.at_step}{where}")) and \
+            f.fault in ("kill", "skip_collective"):
+        time.sleep(FLUSH_S)
 
 
 def _fire(f: FaultSpec, where: str = "") -> None:
     _ARMED.remove(f)
     what = f"injected {f.fault} at step {f.at_step}{where}"
+    _announce(f, where)
     if f.fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif f.fault == "hang":

@@ -10,6 +10,8 @@ waiting requests, KV bytes used of the paged cache, and the comm ledger's share 
 Under TP the engine's own driver (tp rank 0) takes the requests and broadcasts them to its
 TP peers (transformers' DistributedHelper); this module only tells it where the mesh and
 the TP plan are, as transformers' own TP loading would have left them on the model.
+A fault armed for the call (runtime.faults) fires in the main thread: at its start and
+after each engine step the main thread hands on (the engine runs ahead in its own thread).
 Knows nothing of when this engine is chosen (plan/inference.py) or of the client.
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ import time
 from collections import deque
 
 from ..records import DecodeStep, Request, RequestRecord, TokenRecord
-from . import channel
+from . import channel, faults
 from .decode import measured
 from .parallelized import Parallelized
 from .serve import add_token, close_records, new_record
@@ -101,6 +103,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
     open_ids = set(by_id)
     kept: list = []
     t0 = time.perf_counter()
+    faults.boundary()  # before the engine's first step
     manager.start()
     try:
         while open_ids:
@@ -113,7 +116,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
                 manager.add_request(tok(req.prompt, add_special_tokens=False)["input_ids"], request_id=req.id,
                                     max_new_tokens=req.max_new_tokens, streaming=True, record_timestamps=True)
             out = manager.get_result(timeout=POLL_S)
-            _drain(probe, kept)
+            _drain(probe, kept, boundaries=True)
             if out is None:
                 if not manager.is_running():
                     raise RuntimeError(f"rank {rank}: transformers' continuous-batching engine stopped: "
@@ -138,11 +141,13 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
     return ([records[requests[i].id] for i in mine] if leader else []), kept, window
 
 
-def _drain(probe: _StepProbe, kept: list) -> None:
+def _drain(probe: _StepProbe, kept: list, boundaries: bool = False) -> None:
     while probe.out:
         step = probe.out.popleft()
         if not channel.emit(step):
             kept.append(step)
+        if boundaries:
+            faults.boundary()
 
 
 def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: dict, leader: bool) -> bool:
