@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TIERS = ("pure", "rank1", "multirank", "session", "multihost", "notebook", "browser")
+TIERS = ("pure", "rank1", "multirank", "session", "multihost", "faults", "notebook", "browser")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -32,11 +32,22 @@ def pool_footprint(session) -> tuple[list[int], list[int]]:
     return pids, ports
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def assert_gone(pids: list[int], ports: list[int], within: float = 10.0) -> None:
+    """Every process in `pids` ended and none of `ports` listened on by one of them (or by a
+    process we cannot see): on a shared machine another user's process may take a freed port."""
     deadline = time.monotonic() + within
+    mine = set(pids)
     while True:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        listening = {c.laddr.port for c in psutil.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        alive = [p for p in pids if _alive(p)]
+        listening = {c.laddr.port for c in psutil.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN and (c.pid is None or c.pid in mine)}
         still = [p for p in ports if p in listening]
         if not alive and not still:
             return
@@ -58,6 +69,9 @@ def live_session(ranks: int, **options):
     finally:
         scratch = s.model.scratch.path if s.model.scratch.created else None
         leash = s.model.scratch.pids()
+        if s.alive:  # and what it started since (replacement engines)
+            later = pool_footprint(s)
+            pids, ports = sorted(set(pids) | set(later[0])), sorted(set(ports) | set(later[1]))
         s.stop()
         assert_gone(pids + leash, ports)
         assert scratch is None or not os.path.exists(scratch), f"scratch directory {scratch} left behind"
