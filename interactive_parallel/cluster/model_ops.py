@@ -126,6 +126,8 @@ class ModelOps:
         system, or hosts that are one machine)."""
         hosts = {r.get("host") for r in self.ranks.info}
         path = self.scratch.path
+        if self.ranks.pool is not None and self.ranks.pool.owned:  # its leash outwaits the writers
+            self.scratch.watch([r["pid"] for r in self.ranks.info])
         if len(hosts) <= 1:
             return path
         key = (path, tuple(r.get("engine_id") for r in self.ranks.info))

@@ -3,7 +3,8 @@
 A bare ipyparallel pool outlives the kernel that started it (engines and controller run
 in sessions of their own). The Session starts this watcher next to the pool; it polls
 the client's pid and, once the client is gone (killed, kernel restarted), signals the
-process groups listed in the state file and deletes the pool's files. A normal stop
+process groups listed in the state file and deletes the pool's files (after outwaiting
+the processes it lists as still writing there). A normal stop
 deletes the state file and the watcher exits. Knows nothing of ipyparallel or torch:
 only pids, process groups and paths, so it starts in a fraction of a second.
 
@@ -19,7 +20,12 @@ import sys
 import time
 
 POLL_S = 0.25
-GRACE_S = 2.0
+GRACE_S = 0.5
+"""SIGTERM, then SIGKILL after this long. Short: an engine busy in a step (or blocked in a
+collective) runs ipyparallel's SIGTERM handler only when the step ends, and a kernel's death
+takes its pool with it within 2 s (tests/test_faults_kernel.py measures it)."""
+WAIT_S = 10.0
+"""How long to outwait the processes a state file says may still write into its paths."""
 
 
 def _alive(pid: int, start_time: float | None) -> bool:
@@ -62,6 +68,12 @@ def reap(state: dict) -> None:
                 os.kill(int(pid), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+    # Processes that may still write into the paths (another leash is ending them): outwait them.
+    waited = [w for w in state.get("wait", []) if _alive(int(w[0]), w[1])]
+    deadline = time.monotonic() + WAIT_S
+    while waited and time.monotonic() < deadline:
+        time.sleep(0.05)
+        waited = [w for w in waited if _alive(int(w[0]), w[1])]
     for path in state.get("paths", []):
         shutil.rmtree(path, ignore_errors=True)
 

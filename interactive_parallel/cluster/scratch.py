@@ -29,6 +29,7 @@ class Scratch:
         self._path = os.path.abspath(path) if path else None
         self._leash: subprocess.Popen | None = None
         self._leash_file: str | None = None
+        self._watched: list[int] = []
 
     @property
     def path(self) -> str:
@@ -50,6 +51,26 @@ class Scratch:
         with os.fdopen(fd, "w") as f:
             json.dump({"groups": [], "paths": [self._path]}, f)
         self._leash = reaper.start(self._leash_file)
+
+    def watch(self, pids: list[int]) -> None:
+        """The processes on this host that write here (the ranks): if this client dies, the
+        leash removes the directory only once they have ended (bounded), so a rank finishing
+        a snapshot meanwhile cannot leave one behind."""
+        if self._leash_file is None or sorted(pids) == self._watched:
+            return
+        import psutil
+
+        rows = []
+        for pid in pids:
+            try:
+                rows.append([pid, psutil.Process(pid).create_time()])
+            except psutil.NoSuchProcess:
+                pass
+        tmp = self._leash_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"groups": [], "paths": [self._path], "wait": rows}, f)
+        os.replace(tmp, self._leash_file)
+        self._watched = sorted(pids)
 
     def pids(self) -> list[int]:
         return [self._leash.pid] if self._leash is not None else []
