@@ -32,7 +32,8 @@ def pool_footprint(session) -> tuple[list[int], list[int]]:
     return pids, ports
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """The process runs (a zombie has ended)."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -45,15 +46,25 @@ def assert_gone(pids: list[int], ports: list[int], within: float = 10.0) -> None
     deadline = time.monotonic() + within
     mine = set(pids)
     while True:
-        alive = [p for p in pids if _alive(p)]
+        running = [p for p in pids if alive(p)]
         listening = {c.laddr.port for c in psutil.net_connections(kind="inet")
                      if c.status == psutil.CONN_LISTEN and (c.pid is None or c.pid in mine)}
         still = [p for p in ports if p in listening]
-        if not alive and not still:
+        if not running and not still:
             return
         if time.monotonic() > deadline:
-            raise AssertionError(f"left behind: processes {alive}, listening ports {still}")
+            raise AssertionError(f"left behind: processes {running}, listening ports {still}")
         time.sleep(0.2)
+
+
+def until(condition, timeout: float) -> bool:
+    """Poll `condition` until it holds or `timeout` seconds pass; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 @contextlib.contextmanager

@@ -25,10 +25,9 @@ import time
 import warnings
 from pathlib import Path
 
-import psutil
 import pytest
 
-from conftest import live_session
+from conftest import alive, live_session
 from interactive_parallel import Plan, Request
 from interactive_parallel.cluster import RankError
 
@@ -121,13 +120,7 @@ def _nothing_waits(s) -> None:
     """No call pending, and the pool runs exactly the ranks' engine processes."""
     assert not s.ranks.caller.pending
     pool = s.ranks.pool
-    engines = set()
-    for pid in pool.engine_pids():
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                engines.add(pid)
-        except psutil.NoSuchProcess:
-            pass
+    engines = {pid for pid in pool.engine_pids() if alive(pid)}
     assert engines == {r["pid"] for r in s.ranks_info}, (engines, s.ranks_info)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import live_session
+from conftest import alive, live_session, until
 from interactive_parallel import Plan
 from interactive_parallel.cluster.model_ops import MANIFEST, CheckpointError
 from interactive_parallel.runtime import atomic_dir
@@ -78,13 +78,6 @@ KERNEL = textwrap.dedent("""
 """) % {"plan": PLAN}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _listening(ports: list[int]) -> list[int]:
     return sorted({c.laddr.port for c in psutil.net_connections(kind="inet")
                    if c.status == psutil.CONN_LISTEN and c.laddr.port in ports})
@@ -118,10 +111,10 @@ def _kill_kernel(tmp_path, phase: str, ready) -> tuple[dict, float, Path]:
         killed = time.monotonic()
         proc.wait(10)
         pids, ports = footprint["pids"], footprint["ports"]
-        while (any(_alive(p) for p in pids) or _listening(ports)) and time.monotonic() - killed < 30:
+        while (any(alive(p) for p in pids) or _listening(ports)) and time.monotonic() - killed < 30:
             time.sleep(0.02)
         gone_s = time.monotonic() - killed
-        assert not [p for p in pids if _alive(p)] and not _listening(ports), "the pool outlived its kernel"
+        assert not [p for p in pids if alive(p)] and not _listening(ports), "the pool outlived its kernel"
         # the directories go after the processes (the watcher removes them last)
         while (os.path.exists(footprint["scratch"]) or os.path.exists(footprint["profile"])) and \
                 time.monotonic() - killed < 30:
@@ -146,16 +139,7 @@ def _ready(phase: str):
         return lambda msg, _ckpt: msg.get("step", -1) >= 3
     if phase == "serve":
         return lambda msg, _ckpt: "token" in msg and (tokens.append(1) or len(tokens) >= 8)
-    return lambda msg, ckpt: msg.get("saving") and _until(lambda: _data_written(ckpt), 60)
-
-
-def _until(cond, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
+    return lambda msg, ckpt: msg.get("saving") and until(lambda: _data_written(ckpt), 60)
 
 
 @pytest.mark.parametrize("phase", ["train", "serve", "save"])

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import live_session
+from conftest import live_session, until
 from interactive_parallel import Plan, Request
 from interactive_parallel.plan.axes import MeshAxis, axis_groups
 
@@ -36,15 +36,6 @@ def session():
         s.load_model("tiny-llama")
         s.apply(PLAN)
         yield s
-
-
-def _until(cond, timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _same_boundary(steps_of: dict[int, list[int]]) -> list[int]:
@@ -78,7 +69,7 @@ def test_stop_during_a_pipeline_schedule(session, how):
 
         p = Panel(s)
         job = p.train(STEPS)
-        assert job is not None and _until(lambda: p.run_section.progress.value >= 3)
+        assert job is not None and until(lambda: p.run_section.progress.value >= 3, WAIT_S)
         assert not p.run_section.interrupt.disabled
         p.run_section.interrupt.click()
         assert p.wait(WAIT_S) and p.error_text == "", p.error_text
@@ -111,7 +102,7 @@ def test_stop_during_serve(session, how):
 
         p = Panel(s)
         job = p.serve(REQUESTS, engine="ours", max_tokens=MAX_NEW)
-        assert job is not None and _until(lambda: p.run_section.progress.value >= 8)
+        assert job is not None and until(lambda: p.run_section.progress.value >= 8, WAIT_S)
         p.run_section.interrupt.click()
         assert p.wait(WAIT_S) and p.error_text == "", p.error_text
         result = s.served()

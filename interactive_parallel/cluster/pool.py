@@ -210,22 +210,11 @@ class LocalPool(Pool):
         return out
 
     def _write_state(self) -> None:
-        import psutil
+        from . import reaper
 
-        def stamped(pids):
-            rows = []
-            for pid in pids:
-                try:
-                    rows.append([pid, psutil.Process(pid).create_time()])
-                except psutil.NoSuchProcess:
-                    pass
-            return rows
-
-        tmp = self._state_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"groups": stamped(self.pids()), "procs": stamped(self.process_tree()),
-                       "paths": [self.profile_dir]}, f)
-        os.replace(tmp, self._state_file)
+        reaper.write_state(self._state_file, {"groups": reaper.stamped(self.pids()),
+                                              "procs": reaper.stamped(self.process_tree()),
+                                              "paths": [self.profile_dir]})
 
     def _start_leash(self) -> None:
         from . import reaper

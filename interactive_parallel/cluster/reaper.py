@@ -78,6 +78,27 @@ def reap(state: dict) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def stamped(pids: list[int]) -> list[list[float]]:
+    """[pid, start time] of each process still running (a recycled pid is told apart by it)."""
+    import psutil
+
+    rows = []
+    for pid in pids:
+        try:
+            rows.append([pid, psutil.Process(pid).create_time()])
+        except psutil.NoSuchProcess:
+            pass
+    return rows
+
+
+def write_state(state_file: str, state: dict) -> None:
+    """Replace the state file in one step (the watcher may read it at any moment)."""
+    tmp = state_file + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, state_file)
+
+
 def start(state_file: str):
     """Leash this process: a watcher that reaps what `state_file` lists once this process is gone
     (and exits by itself once `state_file` is deleted). Returns its subprocess.Popen."""

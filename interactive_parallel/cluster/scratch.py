@@ -58,18 +58,9 @@ class Scratch:
         a snapshot meanwhile cannot leave one behind."""
         if self._leash_file is None or sorted(pids) == self._watched:
             return
-        import psutil
+        from . import reaper
 
-        rows = []
-        for pid in pids:
-            try:
-                rows.append([pid, psutil.Process(pid).create_time()])
-            except psutil.NoSuchProcess:
-                pass
-        tmp = self._leash_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"groups": [], "paths": [self._path], "wait": rows}, f)
-        os.replace(tmp, self._leash_file)
+        reaper.write_state(self._leash_file, {"groups": [], "paths": [self._path], "wait": reaper.stamped(pids)})
         self._watched = sorted(pids)
 
     def pids(self) -> list[int]:
