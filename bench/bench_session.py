@@ -3,7 +3,8 @@
 Prints one table of medians and the ratios the README quotes:
 - step time inside `train(steps=20)` (client wall time / 20: call, streaming and the ranks' stop
   agreement included) against the same `train_step` loop under plain torchrun (20 steps timed
-  end to end between two barriers), per plan, probes at their default;
+  end to end between two barriers), per plan, probes at their default; with the session's
+  default snapshots (one per 20 steps) and without them;
 - a warm `apply(new plan)` + `train(steps=20)` against one `notebook_launcher` call that forks 4
   processes, rendezvouses, builds the same model shape and runs 20 DDP steps on the same batch
   (accelerate is needed for this row only: `pip install accelerate`; it is not a dependency);
@@ -39,13 +40,14 @@ def median_ms(fn, n: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def train_step_s(s: Session, steps: int, repeats: int) -> float:
-    """Median over `repeats` of the client's wall time of train(steps) / steps, after a warm-up."""
-    s.train(steps=WARMUP)
+def train_step_s(s: Session, steps: int, repeats: int, snapshot_every: int | None = None) -> float:
+    """Median over `repeats` of the client's wall time of train(steps) / steps, after a warm-up
+    (snapshot_every None: the session's default, one snapshot per call of 20 steps)."""
+    s.train(steps=WARMUP, snapshot_every=0)
     walls = []
     for _ in range(repeats):
         t = time.perf_counter()
-        s.train(steps=steps)
+        s.train(steps=steps, snapshot_every=snapshot_every)
         walls.append((time.perf_counter() - t) / steps)
     return statistics.median(walls)
 
@@ -56,6 +58,7 @@ def session_numbers(s: Session, plans: list[str], steps: int, repeats: int) -> d
     for name in plans:
         s.apply(Plan(**PLANS[name], **BATCH))
         out[f"step_{name}"] = train_step_s(s, steps, repeats) * 1e3
+        out[f"step_{name}_nosnap"] = train_step_s(s, steps, repeats, snapshot_every=0) * 1e3
     # warm re-plan: the ranks hold a model under another plan; lay it out anew and train
     replans = []
     for _ in range(repeats):
@@ -134,13 +137,18 @@ def main() -> None:
     args = ap.parse_args()
     with Session(ranks=args.ranks) as s:
         ours = session_numbers(s, args.plans, args.steps, args.repeats)
+    print("Session:", json.dumps(ours), file=sys.stderr, flush=True)  # each part as it ends: a long run shows progress
     theirs = torchrun_numbers(args.ranks, args.plans, args.steps, args.repeats)
+    print("torchrun:", json.dumps(theirs), file=sys.stderr, flush=True)
     launcher = launcher_numbers(args.ranks, args.steps, args.repeats)
     print(f"tiny-llama, {args.ranks} ranks, batch 8x64, {args.steps} steps, {os.cpu_count()} cores, "
           f"medians of {args.repeats}")
     print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline")
     rows = [(f"step in train(steps={args.steps}), {p}, ms", f"step_{p}", theirs, "plain torchrun")
             for p in args.plans]
+    theirs.update({f"step_{p}_nosnap": theirs[f"step_{p}"] for p in args.plans})
+    rows += [(f"  the same, snapshot_every=0, {p}, ms", f"step_{p}_nosnap", theirs, "plain torchrun")
+             for p in args.plans]
     rows += [(f"warm apply + train(steps={args.steps}), s", "replan_train_s", launcher, "notebook_launcher"),
              ("no-op call to all ranks, ms", "noop_ms", {"noop_ms": ours["ipp_noop_ms"]}, "ipyparallel apply_sync")]
     for label, key, base, what in rows:

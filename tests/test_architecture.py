@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "interactive_parallel"
 # layer -> the package modules it must never import (DESIGN.md: no arrow runs upward)
 FORBIDDEN = {
     "plan": ("runtime", "cluster", "viz", "widgets", "cli", "torch", "ipyparallel", "ipywidgets", "plotly"),
-    "records.py": ("plan", "runtime", "cluster", "viz", "widgets", "torch", "ipyparallel", "plotly"),
+    "records": ("plan", "runtime", "cluster", "viz", "widgets", "torch", "ipyparallel", "plotly"),
     "runtime": ("cluster", "viz", "widgets", "cli", "ipyparallel", "ipywidgets", "plotly"),
     "cluster": ("widgets", "cli", "ipywidgets"),
     "viz": ("runtime", "cluster", "widgets", "torch", "ipyparallel", "ipywidgets"),
@@ -91,7 +91,7 @@ def _example(cls):
     """An instance of a record class with every field filled from its type."""
     values = {}
     hints = __import__("typing").get_type_hints(cls)
-    nested = records._nested_fields(cls)
+    nested = records.base._nested_fields(cls)
     for f in dataclasses.fields(cls):
         if f.name in nested:
             shape, rtype = nested[f.name]

@@ -22,7 +22,7 @@ import pytest
 from conftest import live_session
 from interactive_parallel import Plan
 
-pytestmark = [pytest.mark.session, pytest.mark.slow]
+pytestmark = pytest.mark.faults
 
 CYCLES = 20
 PLANS = [Plan(dp=2), Plan(fsdp=2), Plan(tp=2), Plan(pp=2)]

@@ -20,7 +20,7 @@ from conftest import live_session
 from interactive_parallel import Plan, PlanError
 from interactive_parallel.runtime import api
 
-pytestmark = pytest.mark.session
+pytestmark = pytest.mark.faults
 
 DRAWS = 500
 SEED = 20261130

@@ -123,6 +123,8 @@ def write(state: dict, path: str, raw: bool = False) -> None:
     # where the OS writes back in its own time; fsync per file costs more than the write.
     writer = (RawWriter if raw else FileSystemWriter)(path, single_file_per_rank=True, sync_files=False,
                                                       thread_count=1)
+    # Not DCP's plan caching (measured 59 -> 44 ms a tiny-llama snapshot on 4 CPU ranks): its
+    # cache lives in each process, so a replaced rank (fresh, no cache) breaks the next save.
     dcp.save(state, storage_writer=writer, planner=save_planner())
 
 

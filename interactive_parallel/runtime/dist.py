@@ -133,9 +133,25 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
         kwargs["init_method"] = "env://"
     dist.init_process_group(backend, store=store, rank=st.rank, world_size=st.world_size, timeout=timeout,
                             **kwargs)
+    quiet_telemetry_loggers()
     st.device, st.backend, st.timeout_s = device, backend, timeout_s
     st.interface, st.address = ifname, address
     return {"rank": st.rank, "backend": backend, "device": device, "interface": ifname, "address": address}
+
+
+def quiet_telemetry_loggers() -> None:
+    """torch.distributed sets its c10d and checkpoint telemetry loggers ('c10d-NullHandler-*')
+    to DEBUG with only a NullHandler: every wrapped collective and DCP phase builds log records
+    nobody receives (measured: 17 ms of a 90 ms DCP snapshot of tiny-llama on 4 CPU ranks).
+    Raised to WARNING while nothing but NullHandlers listen; a handler the user adds keeps them."""
+    import logging
+
+    import torch.distributed.checkpoint.logger  # noqa: F401 - creates the checkpoint's logger
+
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if (name.startswith("c10d-") and isinstance(logger, logging.Logger)
+                and all(isinstance(h, logging.NullHandler) for h in logger.handlers)):
+            logger.setLevel(logging.WARNING)
 
 
 def teardown() -> None:

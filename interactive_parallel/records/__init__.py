@@ -1,0 +1,19 @@
+"""The records that cross between ranks and the client: plain dataclasses of numbers and strings.
+
+Ranks build records and ship the objects themselves (ipyparallel pickles them); the client
+keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files and reports.
+One module per subject: base (the dict mechanism every record shares, the registry of kinds,
+tables), training, inference, ranks. Knows nothing of torch, ipyparallel or plotly.
+"""
+from .base import RECORD_TYPES, Record, RecordList, from_dict, table
+from .inference import (DecodeStep, Generation, QuantizeRecord, Request, RequestRecord, ServeResult,
+                        TokenRecord)
+from .ranks import ClockRecord, CommEstimate, FaultSpec, ParamDiff, RankInfo, VerifyReport
+from .training import CommRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
+
+__all__ = [
+    "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
+    "CommRecord", "DecodeStep", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
+    "PipelineEvent", "QuantizeRecord", "RankInfo", "Request", "RequestRecord", "ServeResult",
+    "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport"
+]

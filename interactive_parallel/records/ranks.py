@@ -1,0 +1,141 @@
+"""Records about the ranks themselves: who they are (doctor), their clocks, whether they still
+match a single-process reference (verify), predicted communication, and injected faults.
+
+Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mechanism).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .base import Record
+
+
+@dataclass
+class RankInfo(Record):
+    """doctor()'s row for one rank."""
+
+    kind: ClassVar[str] = "rank"
+    rank: int
+    engine_id: int
+    host: str
+    pid: int
+    local_rank: int
+    device: str
+    backend: str
+    threads: int
+    torch: str
+    transformers: str
+    world_size: int
+    barrier_ok: bool = False
+    all_reduce_ok: bool = False
+    all_reduce_value: float | None = None
+    bandwidth_gbps: float | None = None
+    """Algorithm bandwidth of a timed all_reduce, in GB/s."""
+    error: str = ""
+    interface: str = ""
+    """Network interface this rank's process-group sockets bind to."""
+    address: str = ""
+    """This rank's address on that interface."""
+
+
+@dataclass
+class ClockRecord(Record):
+    """How far one rank's clock (time.time) is from the client's, measured by a round trip.
+
+    Record times from that rank minus `offset_s` are on the client's clock; the measurement
+    is good to about half of `rtt_s` (the round trip it came from)."""
+
+    kind: ClassVar[str] = "clock"
+    rank: int
+    host: str
+    offset_s: float
+    """The rank's clock minus the client's, in seconds."""
+    rtt_s: float
+    """Round trip of the measurement, in seconds."""
+
+
+@dataclass
+class CommEstimate(Record):
+    """Predicted traffic of one kind of op on one mesh axis, per optimizer step on one rank."""
+
+    kind: ClassVar[str] = "comm_estimate"
+    rank: int
+    op: str
+    axis: str
+    count: int | None
+    """Ops per step (None: bucketed, the count depends on the bucket size)."""
+    bytes: int
+    """Full-buffer bytes per step, the comm ledger's convention."""
+
+
+@dataclass
+class ParamDiff(Record):
+    """verify()'s row for one parameter: how far its gradient is from the reference's."""
+
+    kind: ClassVar[str] = "param_diff"
+    name: str
+    shape: list[int]
+    max_abs_diff: float
+
+
+@dataclass
+class VerifyReport(Record):
+    """The current plan against a single-process reference on the same weights and batch."""
+
+    kind: ClassVar[str] = "verify"
+    ok: bool
+    """True when |dloss| and every parameter's max |dgrad| are within `tolerance`."""
+    tolerance: dict[str, float]
+    loss_ref: float
+    loss_par: float
+    dloss: float
+    max_grad_diff: float
+    params: list[ParamDiff] = field(default_factory=list)
+    """Per parameter: the max |dgrad| against the reference (full tensors)."""
+    plan: str = ""
+    note: str = ""
+    """Why a reference could not be built, when it could not (ok is then False)."""
+
+    def worst(self, n: int = 5) -> list[ParamDiff]:
+        return sorted(self.params, key=lambda p: -p.max_abs_diff)[:n]
+
+    def __str__(self) -> str:
+        if self.note:
+            return f"verify {self.plan}: not run: {self.note}"
+        head = (f"verify {self.plan}: {'OK' if self.ok else 'MISMATCH'}  "
+                f"loss par {self.loss_par:.6f} ref {self.loss_ref:.6f} |dloss| {self.dloss:.2e} "
+                f"(tol {self.tolerance.get('loss', 0):.0e}); max |dgrad| {self.max_grad_diff:.2e} "
+                f"(tol {self.tolerance.get('grad', 0):.0e})")
+        width = max((len(p.name) for p in self.params), default=4)
+        rows = [f"  {p.name:<{width}}  {str(tuple(p.shape)):>14}  {p.max_abs_diff:.2e}" for p in self.params]
+        return "\n".join([head, f"  {'parameter':<{width}}  {'shape':>14}  max |dgrad|", *rows])
+
+    def _repr_pretty_(self, p, cycle):
+        p.text(str(self))
+
+
+@dataclass
+class FaultSpec(Record):
+    """A fault to inject on one rank (Session.inject; see runtime/faults.py for the kinds)."""
+
+    kind: ClassVar[str] = "fault"
+    rank: int
+    fault: str
+    """'kill', 'hang', 'raise', 'skip_collective' or 'slow'."""
+    at_step: int = 0
+    """Which boundary of the next long call (0: before its first step or decoding step)."""
+    where: str = "step"
+    """'step' (at the boundary) or 'collective' (inside the `collective`-th collective of that step)."""
+    collective: int = 0
+    seconds: float = 0.0
+    """slow: how long to sleep; hang: how long (0: until the rank is killed)."""
+    time: float = 0.0
+    """When it fired (time.time() on the rank's clock; 0: armed, not fired)."""
+    detail: str = ""
+    """Where it fired ('at step 1 in all_reduce (collective 0)'), once it has."""
+
+    def describe(self) -> str:
+        where = self.detail or (f"at step {self.at_step}" + (
+            f", collective {self.collective}" if self.where == "collective" else ""))
+        return f"{self.fault} on rank {self.rank} {where}" + (f" ({self.seconds:g} s)" if self.seconds else "")

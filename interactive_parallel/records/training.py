@@ -1,0 +1,111 @@
+"""Records of training: a step and what the probes measured during it (memory, collectives,
+compute intervals), and where each slice of each weight lives.
+
+Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mechanism).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from .base import Record
+
+
+@dataclass
+class MemoryRecord(Record):
+    """Bytes one rank holds, measured from local shards (a DTensor counts its local part)."""
+
+    kind: ClassVar[str] = "memory"
+    rank: int
+    step: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int = 0
+    """Peak bytes the step added beyond parameters, gradients and optimizer state."""
+    rss: int = 0
+    """Process resident set size (CPU), for orientation only."""
+    device: str = "cpu"
+
+
+@dataclass
+class CommRecord(Record):
+    """One collective or point-to-point operation issued by one rank."""
+
+    kind: ClassVar[str] = "comm"
+    rank: int
+    step: int
+    op: str
+    """all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, send, recv, barrier."""
+    bytes: int
+    dtype: str = ""
+    axis: str = ""
+    """Mesh axis of the group ('world' for the default group)."""
+    group: list[int] = field(default_factory=list)
+    peer: int | None = None
+    """The other rank of a send/recv."""
+    start: float = 0.0
+    """time.time() on the rank's host (Session.comms/timeline move it onto the client's clock)."""
+    end: float = 0.0
+
+
+@dataclass
+class PipelineEvent(Record):
+    """A forward or backward of one microbatch on one stage."""
+
+    kind: ClassVar[str] = "pipeline"
+    rank: int
+    step: int
+    stage: int
+    microbatch: int
+    action: str
+    """'F' (forward), 'B' (backward), 'W' (weight gradient, zero-bubble schedules)."""
+    start: float
+    end: float
+
+
+@dataclass
+class StepRecord(Record):
+    """One optimizer step as one rank saw it, with what the probes measured during it."""
+
+    kind: ClassVar[str] = "step"
+    rank: int
+    step: int
+    loss: float
+    """This rank's loss (its share of the batch); NaN on pipeline ranks without the last stage."""
+    tokens: int
+    """Tokens this rank processed in the step (its share of the global batch)."""
+    time_s: float
+    """Wall time of the step on this rank, forward to optimizer update."""
+    plan: str = ""
+    grad_norm: float | None = None
+    lr: float | None = None
+    memory: MemoryRecord | None = None
+    """Bytes held during the step (None with the probes off)."""
+    comms: list[CommRecord] = field(default_factory=list)
+    """Every collective and p2p op the step issued on this rank."""
+    events: list[PipelineEvent] = field(default_factory=list)
+    """Compute intervals: forward / backward per stage and microbatch."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+
+@dataclass
+class ShardRecord(Record):
+    """Which part of a full parameter one rank holds."""
+
+    kind: ClassVar[str] = "shard"
+    param: str
+    rank: int
+    global_shape: list[int]
+    local_shape: list[int]
+    placements: list[str]
+    """Per mesh axis: 'Replicate()', 'Shard(dim=0)', ...; empty for a plain tensor."""
+    mesh_axes: list[str]
+    coords: dict[str, int]
+    index: list[list[int]]
+    """Per tensor dim, [start, stop) of the full tensor held locally."""
+    stage: int | None = None
+    """Pipeline stage holding the parameter (None: no pipeline)."""
