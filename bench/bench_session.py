@@ -135,12 +135,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--plans", nargs="+", default=list(PLANS))
     args = ap.parse_args()
+    # notebook_launcher forks this process: first, while it runs no threads (a Session's zmq and
+    # BLAS threads may hold locks a forked child then waits on forever: seen, one call in three)
+    launcher = launcher_numbers(args.ranks, args.steps, args.repeats)
+    print("notebook_launcher:", json.dumps(launcher), file=sys.stderr, flush=True)  # progress, part by part
     with Session(ranks=args.ranks) as s:
         ours = session_numbers(s, args.plans, args.steps, args.repeats)
-    print("Session:", json.dumps(ours), file=sys.stderr, flush=True)  # each part as it ends: a long run shows progress
+    print("Session:", json.dumps(ours), file=sys.stderr, flush=True)
     theirs = torchrun_numbers(args.ranks, args.plans, args.steps, args.repeats)
     print("torchrun:", json.dumps(theirs), file=sys.stderr, flush=True)
-    launcher = launcher_numbers(args.ranks, args.steps, args.repeats)
     print(f"tiny-llama, {args.ranks} ranks, batch 8x64, {args.steps} steps, {os.cpu_count()} cores, "
           f"medians of {args.repeats}")
     print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline")
