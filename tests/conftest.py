@@ -120,3 +120,27 @@ def parity_plan_params() -> list:
     from test_parallel_parity import ALL
 
     return [pytest.param(label, precision, id=f"{label}-{precision}") for label in ALL for precision in PRECISIONS]
+
+
+def single_process_losses(steps: int, **plan_fields) -> list[float]:
+    """Per-step losses of one uninterrupted run of tiny-llama in this process: the oracle the
+    live sessions' steps are held to (same seed, weights and batches under every plan)."""
+    from interactive_parallel import Plan
+    from interactive_parallel.plan import PRESETS
+    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.train import make_optimizer, train_step
+
+    par = parallelize(PRESETS["tiny-llama"], Plan(**plan_fields))
+    opt = make_optimizer(par)
+    return [train_step(par, opt, step).loss for step in range(steps)]
+
+
+def step_losses(records) -> dict[int, float]:
+    """Step -> the mean loss of the ranks that see it (the others report NaN)."""
+    import math
+
+    by_step: dict[int, list[float]] = {}
+    for r in records:
+        if not math.isnan(r.loss):
+            by_step.setdefault(r.step, []).append(r.loss)
+    return {step: sum(v) / len(v) for step, v in by_step.items()}

@@ -19,15 +19,13 @@ step 3 or inside its second collective. The figures land in artifacts/faults.md 
 """
 from __future__ import annotations
 
-import math
-import os
 import time
 import warnings
 from pathlib import Path
 
 import pytest
 
-from conftest import alive, live_session
+from conftest import alive, live_session, single_process_losses, step_losses
 from interactive_parallel import Plan, Request
 from interactive_parallel.cluster import RankError
 
@@ -62,21 +60,8 @@ def session():
 @pytest.fixture(scope="module")
 def reference():
     """Per-step losses of one uninterrupted single-process run."""
-    from interactive_parallel.plan import PRESETS
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    return single_process_losses(8, **BATCH)
 
-    par = parallelize(PRESETS["tiny-llama"], Plan(**BATCH))
-    opt = make_optimizer(par)
-    return [train_step(par, opt, step).loss for step in range(8)]
-
-
-def _losses(records) -> dict[int, float]:
-    by_step: dict[int, list[float]] = {}
-    for r in records:
-        if not math.isnan(r.loss):
-            by_step.setdefault(r.step, []).append(r.loss)
-    return {step: sum(v) / len(v) for step, v in by_step.items()}
 
 
 def _fresh(s, plan: str) -> None:
@@ -144,7 +129,7 @@ def test_fault_during_train(session, reference, plan, fault):
         assert [f.rank for f in s.ranks.fired] == [victim]
         waited = max(r.time_s for r in recs if r.step == 3)
         assert waited >= 0.9 * SLOW_S, waited  # its peers waited for it inside the step
-        assert all(abs(v - reference[k]) <= LOSS_TOL for k, v in _losses(recs).items())
+        assert all(abs(v - reference[k]) <= LOSS_TOL for k, v in step_losses(recs).items())
         MEASURED.append(dict(call="train", plan=plan, fault=fault, where=where, named="-", seconds=waited,
                              kept="everything", next_s=0.0))
         return
@@ -154,7 +139,7 @@ def test_fault_during_train(session, reference, plan, fault):
     _nothing_waits(s)
     first = 3 if KEPT[fault] == "kept" else 2
     assert s.model.restored["state"] == KEPT[fault] and s.model.restored["step"] == first, s.model.restored
-    losses = _losses(resumed)
+    losses = step_losses(resumed)
     assert sorted(losses) == [first, first + 1]
     assert all(abs(v - reference[k]) <= LOSS_TOL for k, v in losses.items()), (losses, reference)
     MEASURED.append(dict(call="train", plan=plan, fault=fault, where=where, named=err.ename, seconds=latency,

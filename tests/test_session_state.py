@@ -16,7 +16,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import re
 import signal
@@ -25,7 +24,7 @@ import time
 import pytest
 import torch
 
-from conftest import live_session
+from conftest import live_session, single_process_losses, step_losses
 from interactive_parallel import Plan
 from interactive_parallel.cluster import RankError
 from interactive_parallel.cluster.model_ops import MemoryRefused
@@ -49,21 +48,8 @@ def session():
 @pytest.fixture(scope="module")
 def reference():
     """Per-step losses of 20 steps in one process (the parity tests tie every plan to it)."""
-    from interactive_parallel.plan import PRESETS
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    return single_process_losses(20, **BATCH)
 
-    par = parallelize(PRESETS["tiny-llama"], Plan(**BATCH))
-    opt = make_optimizer(par)
-    return [train_step(par, opt, step).loss for step in range(20)]
-
-
-def _step_losses(records) -> dict[int, float]:
-    by_step: dict[int, list[float]] = {}
-    for r in records:
-        if not math.isnan(r.loss):
-            by_step.setdefault(r.step, []).append(r.loss)
-    return {step: sum(v) / len(v) for step, v in by_step.items()}
 
 
 @pytest.mark.parametrize("fields,every", [(dict(fsdp=4), 1), (dict(dp=2, tp=2), 3), (dict(pp=2, dp=2), 3)],
@@ -91,7 +77,7 @@ def test_killed_rank_is_named_and_training_resumes_from_the_snapshot(session, re
     first = min(r.step for r in resumed)
     assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == first
     assert first % every == 0 and KILL_AT + 1 - every < first <= KILL_AT + 4, first
-    for step, loss in _step_losses(resumed).items():
+    for step, loss in step_losses(resumed).items():
         assert abs(loss - reference[step]) <= LOSS_TOL, (step, loss, reference[step])
 
 
@@ -135,7 +121,7 @@ def test_a_failed_collective_keeps_weights_optimizer_and_step(reference):
             s.run(_fail_on_rank_1)
         resumed = s.train(steps=3)
         assert s.model.restored["state"] == "kept" and s.model.restored["step"] == 3
-        losses = _step_losses(resumed)
+        losses = step_losses(resumed)
         assert sorted(losses) == [3, 4, 5]
         assert all(abs(loss - reference[step]) <= LOSS_TOL for step, loss in losses.items()), losses
         before = s.run(api.full_state_dict)[0]

@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import types
 import typing
-from dataclasses import dataclass, field
 from typing import Any, ClassVar, Iterable, Sequence, TypeVar
 
 R = TypeVar("R", bound="Record")

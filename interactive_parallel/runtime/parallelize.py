@@ -26,7 +26,7 @@ from .models import build_meta
 from .parallel.pp import StageModule
 from .parallelized import Parallelized
 
-__all__ = ["Parallelized", "parallelize", "materialize"]
+__all__ = ["Parallelized", "parallelize"]
 
 FILLS = ("seed", "none")
 
