@@ -3,7 +3,7 @@
 Each case runs in a fresh Python process (so its peak resident memory is the dry run's,
 torch and transformers imports included) and prints one table row: the plan, virtual
 ranks, simulated ranks, seconds for the dry run itself (torch's import included: it loads
-on the first call) and for the whole process, and the process's peak RSS. The goal (issue 11): <= 60 s and <= 2 GB on a 2-core machine.
+on the first call) and for the whole process, and the process's peak RSS. The goal: <= 60 s and <= 2 GB on a 2-core machine.
 Run: .venv/bin/python bench/bench_dryrun.py [--quick]   (--quick: Llama-3-8B on 64 ranks only)
 Knows nothing of pytest or of a Session.
 """
@@ -47,7 +47,7 @@ def run_case(model: str, plan: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Llama-3-8B on 64 ranks only")
-    parser.add_argument("--first", action="store_true", help="only the 70B on 1,024 ranks (the issue's goal)")
+    parser.add_argument("--first", action="store_true", help="only the 70B on 1,024 ranks (the goal)")
     args = parser.parse_args()
     cases = QUICK if args.quick else CASES[:1] if args.first else CASES
     print(f"{'model':15} {'plan':55} {'ranks':>6} {'simulated':>9} {'dry run s':>9} {'process s':>9} {'peak RSS':>9}")

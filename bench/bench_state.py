@@ -7,9 +7,8 @@ Prints three tables:
   in one process (runtime.models.build_model), which is what every rank did before the
   meta-device build;
 - re-plan: a warm `apply(dp4)` from dp2xtp2 and `apply + train(steps=20)` in a 4-rank
-  Session (tiny-llama, batch 8x64), without snapshots and with the default interval; the
-  previous issue's target for apply + train(20) was ~1.2 s (accelerate's notebook_launcher:
-  1.7-1.8 s, bench_session.py);
+  Session (tiny-llama, batch 8x64), without snapshots and with the default interval; compare
+  with accelerate's notebook_launcher in bench_session.py;
 - snapshot: one snapshot of weights and AdamW state (torch.distributed.checkpoint to the
   session's tmpfs scratch directory) per plan and model: seconds, bytes on tmpfs (the
   memory a snapshot holds; the previous generation is removed once the next is complete),

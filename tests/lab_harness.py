@@ -1,7 +1,7 @@
 """A JupyterLab server and the few browser moves the browser tests make (Playwright, Debian's Chromium).
 
 Owns starting and stopping a throwaway JupyterLab (own process group, temp root, no update
-checks: see shared/notes/browser-testing.md for the flags and why), and helpers that type into
+checks, and a browser that reaches nothing outside this machine), and helpers that type into
 a widget, run a notebook command, read a cell's output and switch the theme. Knows nothing of
 the panel.
 """
@@ -19,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 CHROMIUM = "/usr/lib/chromium/chromium"
+# Root in a container: no sandbox; no GPU; and nothing that phones home (QUIC, background
+# networking, component updates, sync) so a run never waits on a network it cannot reach.
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"]
 
