@@ -6,7 +6,8 @@
   replaces the ranks and resumes from the newest snapshot (one every `snapshot_every`
   steps): its first step is the snapshot's, and its losses equal the uninterrupted
   single-process run's for those steps (LOSS_TOL = 1e-5, the parity tolerance), which
-  they could not if weights or AdamW state had restarted.
+  they could not if weights or AdamW state had restarted. A rank killed after a re-plan with
+  no snapshot since resumes from the snapshot of the plan before, resharded.
 - A collective that fails with no rank dead (a rank raised): the group is re-formed and every
   rank keeps its own shards of weights and AdamW state, so the next steps' losses equal the
   single-process run's; switching debug mode (another re-formed group) keeps them too.
@@ -78,6 +79,28 @@ def test_killed_rank_is_named_and_training_resumes_from_the_snapshot(session, re
     assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == first
     assert first % every == 0 and KILL_AT + 1 - every < first <= KILL_AT + 4, first
     for step, loss in step_losses(resumed).items():
+        assert abs(loss - reference[step]) <= LOSS_TOL, (step, loss, reference[step])
+
+
+def test_a_rank_dead_after_a_replan_resumes_from_the_snapshot_of_the_plan_before(session, reference):
+    """Each rank's snapshot holds its own shards of the layout that wrote it: after a re-plan
+    with no snapshot since, recovery lays the old layout out again, fills it and reshards it
+    into the current one (as a re-plan does), so the steps that follow keep parity."""
+    s = session
+    s.load_model("tiny-llama")
+    s.apply(Plan(dp=4, **BATCH))
+    s.train(steps=3, snapshot_every=3)  # the snapshot: step 3, under dp4
+    s.train(steps=2, snapshot_every=0)
+    s.apply(Plan(dp=2, tp=2, **BATCH))
+    pid = s.ranks_info[VICTIM]["pid"]
+    os.kill(pid, signal.SIGKILL)
+    with pytest.warns(UserWarning, match=rf"rank\(s\) \[{VICTIM}\] died"):
+        resumed = s.train(steps=2, snapshot_every=0)
+    assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == 3
+    assert s.plan.describe() == "dp2xtp2" and {r.plan for r in resumed} == {"dp2xtp2"}
+    losses = step_losses(resumed)
+    assert sorted(losses) == [3, 4]
+    for step, loss in losses.items():
         assert abs(loss - reference[step]) <= LOSS_TOL, (step, loss, reference[step])
 
 

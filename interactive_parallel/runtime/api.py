@@ -239,7 +239,7 @@ def take_snapshot(scratch: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     path = snapshot(st.parallel, st.optimizer, os.path.join(scratch, "snapshots"), st.step)
     seconds = time.perf_counter() - t0
-    size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
     return {"path": path, "step": st.step, "seconds": seconds, "bytes": size}
 
 

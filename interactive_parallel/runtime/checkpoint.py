@@ -15,11 +15,16 @@ step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh)
 runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, under one
 folder, each written under a temporary name and moved into place once complete
 (runtime.atomic_dir): a rank killed while writing one leaves the previous one to restore.
+A snapshot is only ever read back by the layout that wrote it (recovery re-lays the same plan,
+a replaced rank takes its predecessor's index), so each rank writes its own shards in a
+directory of its own with DCP's `no_dist` (no planning collectives: measured on tiny-llama,
+4 CPU ranks, 40-100 ms -> 15-32 ms a write) and reads them back the same way.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Any
@@ -27,11 +32,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..plan import Plan
 from . import atomic_dir
 from .parallelized import Parallelized
 from .pieces import Pieces
 
 SNAPSHOT_PREFIX = "step-"
+PLAN_FILE = "plan.json"
+"""In a snapshot: the plan whose layout wrote it (a restore under another plan goes through it)."""
 
 
 class CheckpointMismatch(ValueError):
@@ -109,9 +117,10 @@ def _planners():
     return SavePlanner, LoadPlanner
 
 
-def write(state: dict, path: str, raw: bool = False) -> None:
+def write(state: dict, path: str, raw: bool = False, local: bool = False) -> None:
     """DCP save (a collective); each rank writes one file of its own pieces. `raw`: the
-    scratch format (runtime.rawfiles), else DCP's standard files."""
+    scratch format (runtime.rawfiles), else DCP's standard files. `local`: this rank alone
+    writes all of `path` (DCP's no_dist: no collective), for reading back by the same layout."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
 
@@ -125,18 +134,19 @@ def write(state: dict, path: str, raw: bool = False) -> None:
                                                       thread_count=1)
     # Not DCP's plan caching (measured 59 -> 44 ms a tiny-llama snapshot on 4 CPU ranks): its
     # cache lives in each process, so a replaced rank (fresh, no cache) breaks the next save.
-    dcp.save(state, storage_writer=writer, planner=save_planner())
+    dcp.save(state, storage_writer=writer, planner=save_planner(), no_dist=local)
 
 
-def read(state: dict, path: str, raw: bool = False) -> None:
-    """DCP load into the tensors of `state`, in place (a collective)."""
+def read(state: dict, path: str, raw: bool = False, local: bool = False) -> None:
+    """DCP load into the tensors of `state`, in place (a collective; `local`: of this rank alone)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
     from .rawfiles import RawReader
 
     _, load_planner = _planners()
-    dcp.load(state, storage_reader=(RawReader if raw else FileSystemReader)(path), planner=load_planner())
+    dcp.load(state, storage_reader=(RawReader if raw else FileSystemReader)(path), planner=load_planner(),
+             no_dist=local)
 
 
 def saved_keys(path: str) -> dict[str, tuple[int, ...] | None]:
@@ -163,12 +173,14 @@ def problems(par: Parallelized, path: str) -> list[str]:
 
 
 # ---- save / load -------------------------------------------------------------------------------
-def save(par: Parallelized, optimizer, path: str, step: int, *, raw: bool = False) -> dict[str, Any]:
+def save(par: Parallelized, optimizer, path: str, step: int, *, raw: bool = False,
+         local: bool = False) -> dict[str, Any]:
     """Write weights, optimizer state (once it has stepped) and step under `path`; a collective.
-    `raw`: in the scratch format (re-plans, snapshots), read back with load(raw=True)."""
+    `raw`: in the scratch format (re-plans, snapshots), read back with load(raw=True).
+    `local`: this rank's shards alone, no collective (read back with load(local=True))."""
     state, _, _ = live_state(par, optimizer, with_optim=bool(optimizer.state))
     state["train.step"] = int(step)
-    write(state, path, raw)
+    write(state, path, raw, local)
     return _info(par, path, state)
 
 
@@ -178,7 +190,8 @@ def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
             "plan": par.plan.describe()}
 
 
-def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False) -> dict[str, Any]:
+def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False,
+         local: bool = False) -> dict[str, Any]:
     """Read `path` into the current layout and optimizer, in place; a collective.
 
     Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
@@ -194,7 +207,7 @@ def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bo
     with_optim = any(k.startswith("optim.") for k in saved_keys(path))
     state, model_sd, optim_sd = live_state(par, optimizer, with_optim=with_optim)
     state["train.step"] = 0
-    read(state, path, raw)
+    read(state, path, raw, local)
     if with_optim:
         set_state_dict(par.raw, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=_options())
@@ -211,18 +224,31 @@ def snapshot_dirs(folder: str) -> list[str]:
     if not os.path.isdir(folder):
         return []
     names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX) and not atomic_dir.is_partial(n))
-    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n, ".metadata"))]
+    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(_rank_dir(os.path.join(folder, n), 0),
+                                                                                   ".metadata"))]
+
+
+def _rank_dir(path: str, rank: int) -> str:
+    return os.path.join(path, f"rank-{rank:05d}")
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
-    """A new generation under `folder` (a collective): written under a temporary name, moved
-    into place when every rank has written (DCP writes its metadata last, after all ranks),
-    then the older generations (and any partial one an interruption left) go."""
+    """A new generation under `folder` (a collective): every rank writes its own shards under
+    a temporary name; once all have (a barrier) rank 0 moves it into place and removes the
+    older generations (and any partial one an interruption left)."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
     staging = atomic_dir.staging_path(path, token="writing")  # one name on every rank
-    save(par, optimizer, staging, step, raw=True)
+    save(par, optimizer, _rank_dir(staging, _rank()), step, raw=True, local=True)
     peers = dist.is_initialized() and dist.get_world_size() > 1
+    if peers:
+        dist.barrier()  # every rank's files are whole before the generation moves into place
     if not peers or dist.get_rank() == 0:
+        with open(os.path.join(staging, PLAN_FILE), "w") as f:
+            json.dump(par.plan.to_dict(), f)
         atomic_dir.publish(staging, path)
         for old in os.listdir(folder):
             if old.startswith(SNAPSHOT_PREFIX) and os.path.join(folder, old) != path:
@@ -230,6 +256,17 @@ def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
     if peers:
         dist.barrier()  # nobody reads `path` before it is in place
     return path
+
+
+def snapshot_plan(path: str) -> Plan:
+    """The plan whose layout wrote snapshot `path`."""
+    with open(os.path.join(path, PLAN_FILE)) as f:
+        return Plan.from_dict(json.load(f))
+
+
+def load_snapshot(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
+    """This rank's shards of snapshot `path` into the layout that wrote it (no collective)."""
+    return load(par, optimizer, _rank_dir(path, _rank()), check=False, raw=True, local=True)
 
 
 def latest_snapshot(folder: str) -> str | None:

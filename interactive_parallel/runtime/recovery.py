@@ -85,6 +85,8 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     step = 0
     if how == "kept":
         step = restore_kept(par, optimizer, st.extra.pop("kept"))
+    elif how == "snapshot":
+        step = _from_snapshot(st, par, optimizer, source, device)
     elif source is not None:
         step = load(par, optimizer, source, check=False, raw=True)["step"]
     if how == "carried":
@@ -95,3 +97,35 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     st.parallel, st.model, st.plan, st.mesh = par, par.model, plan, par.mesh
     st.optimizer, st.scaler, st.step = optimizer, make_scaler(plan), step
     return how, step
+
+
+TRAINING_ONLY = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
+"""Plan fields that do not change what a rank holds: a snapshot written under a plan that
+differs only in these loads straight into the new layout."""
+
+
+def _from_snapshot(st, par, optimizer, source: str, device) -> int:
+    """Fill `par` from the snapshot at `source`; its step. Each rank's snapshot holds its own
+    shards of the layout that wrote it: when the plan has changed since (a re-plan with no
+    snapshot after it), that layout is built again, filled, and moved into `par` the way a
+    re-plan moves state (DCP, resharding)."""
+    from .checkpoint import load, load_snapshot, save, snapshot_plan
+    from .parallelize import parallelize
+    from .train import make_optimizer
+
+    then = snapshot_plan(source)
+    same = {k: v for k, v in then.to_dict().items() if k not in TRAINING_ONLY}
+    if same == {k: v for k, v in par.plan.to_dict().items() if k not in TRAINING_ONLY}:
+        return load_snapshot(par, optimizer, source)["step"]
+    old = parallelize(st.spec, then, device=device, fill="none")
+    old_optimizer = make_optimizer(old)
+    step = load_snapshot(old, old_optimizer, source)["step"]
+    # one directory on every rank: beside the snapshot, on the scratch every rank reads
+    hop = os.path.join(os.path.dirname(os.path.dirname(source)), f"replan-from-{os.path.basename(source)}")
+    save(old, old_optimizer, hop, step, raw=True)
+    del old, old_optimizer
+    load(par, optimizer, hop, check=False, raw=True)
+    if not dist.is_initialized() or dist.get_rank() == 0:  # every rank has read it (DCP's last collective)
+        shutil.rmtree(hop, ignore_errors=True)
+    return step
+
