@@ -16,9 +16,10 @@ runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, 
 folder, each written under a temporary name and moved into place once complete
 (runtime.atomic_dir): a rank killed while writing one leaves the previous one to restore.
 A snapshot is only ever read back by the layout that wrote it (recovery re-lays the same plan,
-a replaced rank takes its predecessor's index), so each rank writes its own shards in a
-directory of its own with DCP's `no_dist` (no planning collectives: measured on tiny-llama,
-4 CPU ranks, 40-100 ms -> 15-32 ms a write) and reads them back the same way.
+a replaced rank takes its predecessor's index), so each rank of the first data-parallel
+replica writes its own shards in a directory of its own with DCP's `no_dist` (no planning
+collectives: measured on tiny-llama, 4 CPU ranks, 40-100 ms -> 15-32 ms a write), and every
+rank reads back the directory of the replica rank with its coordinates.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..plan import Plan
+from ..plan import MESH_ORDER, MeshAxis, Plan
 from . import atomic_dir
 from .parallelized import Parallelized
 from .pieces import Pieces
@@ -242,7 +243,9 @@ def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
     older generations (and any partial one an interruption left)."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
     staging = atomic_dir.staging_path(path, token="writing")  # one name on every rank
-    save(par, optimizer, _rank_dir(staging, _rank()), step, raw=True, local=True)
+    source = _replica_source(par)
+    if source == _rank():  # data-parallel replicas hold the same shards: the first one writes them
+        save(par, optimizer, _rank_dir(staging, source), step, raw=True, local=True)
     peers = dist.is_initialized() and dist.get_world_size() > 1
     if peers:
         dist.barrier()  # every rank's files are whole before the generation moves into place
@@ -266,7 +269,25 @@ def snapshot_plan(path: str) -> Plan:
 
 def load_snapshot(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
     """This rank's shards of snapshot `path` into the layout that wrote it (no collective)."""
-    return load(par, optimizer, _rank_dir(path, _rank()), check=False, raw=True, local=True)
+    return load(par, optimizer, _rank_dir(path, _replica_source(par)), check=False, raw=True, local=True)
+
+
+def _replica_source(par: Parallelized) -> int:
+    """The rank whose snapshot files hold this rank's shards: the first data-parallel replica
+    with this rank's coordinates on every other axis (the mesh is row-major in MESH_ORDER)."""
+    shape = par.plan.mesh_shape
+    coords = dict(par.coords)
+    if not coords or _mesh_rank(coords, shape) != _rank():
+        return _rank()  # a layout off the plan's mesh: every rank keeps its own files
+    coords[MeshAxis.DP] = 0
+    return _mesh_rank(coords, shape)
+
+
+def _mesh_rank(coords: dict, shape: dict) -> int:
+    rank = 0
+    for axis in MESH_ORDER:
+        rank = rank * shape.get(axis, 1) + coords.get(axis, 0)
+    return rank
 
 
 def latest_snapshot(folder: str) -> str | None:
