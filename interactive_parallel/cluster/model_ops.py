@@ -35,8 +35,8 @@ MANIFEST = "interactive_parallel.json"
 TRAINING_KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision")
 SNAPSHOT_EVERY = 20
 """Default steps between recovery snapshots. Measured (bench/bench_state.py, 2 shared cores):
-a snapshot of weights and AdamW state costs 0.4-1.8 training steps of tiny-llama and
-0.2-0.4 of small-llama (4 ranks, batch 8x64), so every 20 steps adds at most ~9 % and a
+a snapshot of weights and AdamW state costs 0.2-0.6 training steps of tiny-llama and
+0.1-0.2 of small-llama (4 ranks, batch 8x64), so every 20 steps adds at most ~3 % and a
 failure loses at most 19 steps."""
 
 
