@@ -198,9 +198,12 @@ def update_training(plan: Plan) -> None:
 
 def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> list[StepRecord]:
     """Run up to `steps` optimizer steps; each StepRecord goes to runtime.channel as its step
-    ends. Before every step the ranks agree whether to stop (one tiny collective), so all of
-    them stop at the same boundary. Every `snapshot_every` steps (0: never) the state is
-    written under `scratch` (runtime.checkpoint.snapshot, a collective) for recovery.
+    ends. The ranks agree whether to stop at every boundary (one tiny collective, cast once a
+    step's gradients are ready and read at the next boundary), so all of them stop at the
+    same boundary: a Stop asked before a step's gradients are ready ends the call after that
+    step, one asked while it updates after the next. Every `snapshot_every` steps (0: never)
+    the state is written under `scratch` (runtime.checkpoint.snapshot, a collective) for
+    recovery.
     Returns the records no channel took (all of them when no driver listens)."""
     from . import channel, faults
     from .train import train_step as _step
@@ -210,13 +213,15 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
     if snapshot_every and scratch is None:
         raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
     kept = []
+    vote: list = []  # the stop vote cast in the step just run, read at the next boundary
     faults.call_started()
     try:
         for _ in range(steps):
-            if channel.agree_stop(st.parallel.device):
+            if channel.read_stop_vote(vote.pop()) if vote else channel.agree_stop(st.parallel.device):
                 break
             faults.boundary()
-            rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank)
+            rec = _step(st.parallel, st.optimizer, st.step, scaler=st.scaler, rank=st.rank,
+                        after_backward=lambda: vote.append(channel.cast_stop_vote(st.parallel.device)))
             st.step += 1
             if snapshot_every and st.step % snapshot_every == 0:
                 from .checkpoint import snapshot
@@ -224,6 +229,8 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
                 snapshot(st.parallel, st.optimizer, os.path.join(scratch, "snapshots"), st.step)
             if not channel.emit(rec):
                 kept.append(rec)
+        if vote:
+            channel.read_stop_vote(vote.pop())  # every rank cast it: complete it before returning
     finally:
         faults.disarm()  # armed for this call only
     return kept

@@ -66,3 +66,36 @@ def agree_stop(device: Any = "cpu", finished: bool | None = None) -> bool:
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     asked, busy = flags.tolist()
     return asked > 0 or (finished is not None and busy == 0)
+
+
+def cast_stop_vote(device: Any = "cpu") -> Any:
+    """This rank's vote on stopping, cast over the world group without waiting for it (an async
+    all_reduce MAX); read it with read_stop_vote at the next boundary. A loop casts it once a
+    step's gradients are ready, so the vote travels while the optimizer updates and the
+    step's records go out (measured: the blocking agreement was 3.3 ms of a 38-42 ms dp=4
+    step on 2 cores). Built in inference mode: the comm ledger and fault injection see a
+    step's own collectives only. None when nobody can ask to stop."""
+    if _STOP[0] is None:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return (None, stop_requested())
+    with torch.inference_mode():
+        flag = torch.tensor([1.0 if stop_requested() else 0.0], device=device)
+        work = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+    return (work, flag)
+
+
+def read_stop_vote(vote: Any) -> bool:
+    """True on every rank when any rank voted to stop (waits for the vote, within the group's
+    timeout)."""
+    if vote is None:
+        return False
+    work, flag = vote
+    if work is None:
+        return bool(flag)
+    work.wait()
+    return float(flag.item()) > 0
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -145,7 +146,10 @@ def local_batch(par: Parallelized, step: int) -> torch.Tensor:
                        par.data_index, par.data_count).to(par.device)
 
 
-def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0) -> StepRecord:
+def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0,
+               after_backward: Callable[[], None] | None = None) -> StepRecord:
+    """One optimizer step on this rank's share of the global batch. `after_backward` runs once
+    the gradients are ready, before the update (a driver casts its stop vote there)."""
     from . import probes
 
     plan = par.plan
@@ -154,6 +158,8 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
     with probes.step(par, optimizer, step, rank) as probe:
         batch = local_batch(par, step)
         total = forward_backward(par, batch, scaler)
+        if after_backward is not None:
+            after_backward()
         if scaler:
             scaler.step(optimizer)
             scaler.update()
