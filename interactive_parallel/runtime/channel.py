@@ -6,7 +6,8 @@ moment it exists; `set_stop_source(fn)` answers "was I asked to stop?" for this 
 Long loops call `emit(record)` and, at each boundary, `agree_stop()`: one tiny all_reduce
 (MAX) over the world group, so every rank stops at the same boundary even when the request
 reached them at different times (a rank that stopped alone would leave its peers waiting
-in the next step's collectives).
+in the next step's collectives). Training casts the same vote without waiting once a step's
+gradients are ready (`cast_stop_vote`) and reads it at the next boundary (`read_stop_vote`).
 
 Knows nothing of ipyparallel (the Session's engines install hooks that publish through it;
 a torchrun script installs none: records are returned at the end, and nobody asks to stop).
