@@ -7,7 +7,6 @@ Each rank lays the small model out first (imports and one-off set-up are not cou
 the kernel's peak counter (VmHWM, /proc/self/clear_refs), lays the measured model out and
 reports VmRSS before and VmHWM after. Rank 0 prints one JSON line with every rank's numbers.
 """
-import gc
 import json
 import sys
 
@@ -17,22 +16,7 @@ from interactive_parallel.plan import Plan
 from interactive_parallel.plan.models import spec_from_config_dict
 from interactive_parallel.runtime import api, state
 from interactive_parallel.runtime.launch import finish, init_from_env
-
-
-def vm(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
-def reset_peak() -> int:
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return vm("VmRSS")
-
+from interactive_parallel.runtime.probes.memory import peak_rss, reset_peak_rss
 
 cfg = json.loads(sys.argv[1])
 launch, _ = init_from_env("cpu", timeout_s=600.0)
@@ -40,16 +24,16 @@ plan = Plan(**cfg["plan"])
 api.load_model(spec_from_config_dict(cfg["warm"], name="warm-up"))
 api.apply_plan(plan)
 api.load_model(spec_from_config_dict(cfg["config"], name="measured"))
-before = reset_peak()
+before = reset_peak_rss()
 api.apply_plan(plan)
-mine = {"rank": launch.rank, "before": before, "peak": vm("VmHWM")}
+mine = {"rank": launch.rank, "before": before, "peak": peak_rss()}
 state.get().reset_model()
 if cfg.get("whole") and launch.rank == 0:
     from interactive_parallel.runtime.models import build_model
 
-    before = reset_peak()
+    before = reset_peak_rss()
     model = build_model(spec_from_config_dict(cfg["config"], name="measured"))
-    mine.update(whole_before=before, whole_peak=vm("VmHWM"))
+    mine.update(whole_before=before, whole_peak=peak_rss())
     del model
 rows = [None] * launch.world_size
 dist.all_gather_object(rows, mine)

@@ -5,7 +5,6 @@ rank 0 only. Knows nothing of pytest.
 """
 from __future__ import annotations
 
-import os
 
 from interactive_parallel.plan import PRESETS, Plan
 
@@ -81,35 +80,22 @@ def save_other_model(rank: int, preset: str, path: str) -> bool:
     return True
 
 
-def _vm(field: str) -> int:
-    """A /proc/self/status memory field (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
-
-
 def load_peak_rss(rank: int, config: dict, fields: dict, warm: dict) -> dict:
     """Peak RSS while one rank lays out `config` under `fields`, beyond its RSS just before.
 
     A small model of the same family is laid out first, so imports and one-off set-up are
     not counted; the kernel's peak counter (VmHWM) is reset just before the measured load.
     """
-    import gc
-
     from interactive_parallel.plan.models import spec_from_config_dict
     from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.probes.memory import peak_rss, reset_peak_rss
 
     api.load_model(spec_from_config_dict(warm, name="warm-up"))
     api.apply_plan(Plan(**fields))
     api.load_model(spec_from_config_dict(config, name="measured"))
-    gc.collect()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM to the current RSS
-    before = _vm("VmRSS")
+    before = reset_peak_rss()
     api.apply_plan(Plan(**fields))
-    peak = _vm("VmHWM")
+    peak = peak_rss()
     return {"before": before, "peak": peak, "rank": rank}
 
 
