@@ -86,3 +86,10 @@ def test_pipeline_stages_in_loop_order():
     inter = Plan(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
     assert inter.n_stages == 4 and inter.stage_ids(0) == [0, 2] and inter.stage_ids(1) == [1, 3]
     assert Plan(pp=4).n_stages == 4 and Plan(pp=4).stage_ids(3) == [3]
+
+
+def test_same_layout_ignores_only_what_does_not_change_the_shards():
+    plan = Plan(dp=2, tp=2)
+    assert plan.same_layout(plan.replace(batch_size=32, seq_len=16, grad_accum=2, lr=0.1, seed=7))
+    assert not plan.same_layout(Plan(dp=4))
+    assert not plan.same_layout(plan.replace(sequence_parallel=True))

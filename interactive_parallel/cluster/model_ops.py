@@ -32,7 +32,6 @@ from .scratch import Scratch
 from .telemetry import STEP_COLUMNS, Telemetry
 
 MANIFEST = "interactive_parallel.json"
-TRAINING_KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision")
 SNAPSHOT_EVERY = 20
 """Default steps between recovery snapshots. Measured (bench/bench_state.py, 2 shared cores):
 a snapshot of weights and AdamW state costs 0.2-0.6 training steps of tiny-llama and

@@ -18,6 +18,8 @@ DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 RECOMPUTES = ("none", "selective", "full")
+TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
+"""Plan fields that do not change which shards a rank holds."""
 SEED_LIMIT = 2**63
 """Seeds torch's generators take (torch.manual_seed refuses 2**64 and above)."""
 
@@ -95,6 +97,12 @@ class Plan:
     def stage_ids(self, pp_rank: int) -> list[int]:
         """Global stage indices held by pipeline rank `pp_rank` (loop order: r, r + pp, ...)."""
         return list(range(pp_rank, self.n_stages, self.pp))
+
+    def same_layout(self, other: "Plan") -> bool:
+        """Whether `other` has every rank hold what this plan's ranks hold: they differ at most in
+        TRAINING_FIELDS (how batches are cut, the step's knobs, the data's seed)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return all(mine[k] == theirs[k] for k in mine if k not in TRAINING_FIELDS)
 
     def replace(self, **changes: Any) -> "Plan":
         return dataclasses.replace(self, **changes)

@@ -99,11 +99,6 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     return how, step
 
 
-TRAINING_ONLY = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
-"""Plan fields that do not change what a rank holds: a snapshot written under a plan that
-differs only in these loads straight into the new layout."""
-
-
 def _from_snapshot(st, par, optimizer, source: str, device) -> int:
     """Fill `par` from the snapshot at `source`; its step. Each rank's snapshot holds its own
     shards of the layout that wrote it: when the plan has changed since (a re-plan with no
@@ -114,8 +109,7 @@ def _from_snapshot(st, par, optimizer, source: str, device) -> int:
     from .train import make_optimizer
 
     then = snapshot_plan(source)
-    same = {k: v for k, v in then.to_dict().items() if k not in TRAINING_ONLY}
-    if same == {k: v for k, v in par.plan.to_dict().items() if k not in TRAINING_ONLY}:
+    if then.same_layout(par.plan):
         return load_snapshot(par, optimizer, source)["step"]
     old = parallelize(st.spec, then, device=device, fill="none")
     old_optimizer = make_optimizer(old)
