@@ -93,7 +93,13 @@ def test_a_rank_dead_after_a_replan_resumes_from_the_snapshot_of_the_plan_before
     s.train(steps=2, snapshot_every=0)
     s.apply(Plan(dp=2, tp=2, **BATCH))
     pid = s.ranks_info[VICTIM]["pid"]
-    os.kill(pid, signal.SIGKILL)
+
+    def on_step(records):  # killed inside a call: named by it, whenever the pool notices
+        os.kill(pid, signal.SIGKILL)
+
+    with pytest.raises(RankError) as exc:
+        s.train(steps=20, snapshot_every=0, on_step=on_step)
+    assert exc.value.rank == VICTIM, str(exc.value)[:500]
     with pytest.warns(UserWarning, match=rf"rank\(s\) \[{VICTIM}\] died"):
         resumed = s.train(steps=2, snapshot_every=0)
     assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == 3
