@@ -3,15 +3,22 @@
 Owns how runtime.channel talks to the client through ipyparallel's own machinery, and the
 controller address this engine registered with (the rendezvous is chosen on the interface
 that reaches it). Records go out with `publish_data`, each under a fresh sequence-number
-key, so the task's `data` on the client accumulates them in order (calls.RankCaller.stream reads them). A stop
-request comes in as ipyparallel's `abort` of the task that is running: the engine's control
-thread (which serves while the task runs) adds its message id to the kernel's `aborted` set,
-and the stop source finds it there at the next boundary. Runs on engines only; the client
+key, so the task's `data` on the client accumulates them in order (calls.RankCaller.stream
+reads them). One publish costs ~0.5 ms of the engine's CPU and as much again in the client
+and the controller (measured: streaming every step of a 40 ms dp=4 step on 2 cores made it
+7 % slower), so records close together travel together: the first after a pause goes at
+once, the rest at most every PUBLISH_S, and whatever is held leaves when the call ends
+(runtime.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
+is running: the engine's control thread (which serves while the task runs) adds its message
+id to the kernel's `aborted` set, and the stop source finds it there at the next boundary. Runs on engines only; the client
 imports this module just to name the functions it ships.
 """
 from __future__ import annotations
 
 import itertools
+import time
+
+PUBLISH_S = 0.1  # live views redraw at most this often anyway
 
 
 def install() -> bool:
@@ -23,9 +30,19 @@ def install() -> bool:
 
     kernel = get_ipython().kernel
     seq = itertools.count()
+    held: dict = {}
+    sent = [0.0]  # when the last publish left
+
+    def flush() -> None:
+        if held:
+            publish_data(dict(held))
+            held.clear()
+            sent[0] = time.monotonic()
 
     def sink(record) -> None:
-        publish_data({f"{next(seq):012d}": record})
+        held[f"{next(seq):012d}"] = record
+        if time.monotonic() - sent[0] >= PUBLISH_S:
+            flush()
 
     def stop_source() -> bool:
         msg_id = kernel.get_parent("shell")["header"]["msg_id"]
@@ -36,7 +53,7 @@ def install() -> bool:
             _STOPPED.add(msg_id)
         return msg_id in _STOPPED
 
-    channel.set_sink(sink)
+    channel.set_sink(sink, flush)
     channel.set_stop_source(stop_source)
     return True
 

@@ -329,8 +329,9 @@ class RankSet:
         """The error to show for a failed call. When a rank died, its peers' "connection closed"
         came first: name the dead rank instead. When the peers gave up waiting in a collective,
         the rank they waited for is the one still running once the other blocked peers have
-        timed out too (STUCK_MARGIN_S): name it as hung. Either way, name the injected fault
-        behind it, if one fired or was armed."""
+        timed out too (STUCK_MARGIN_S): name it as hung; when all timed out together, the one
+        that announced skipping a collective. Either way, name the injected fault behind it,
+        if one fired or was armed."""
         import asyncio
 
         dead = self.dead_ranks()
@@ -351,6 +352,8 @@ class RankSet:
                             what=exc.what, others=others, stuck=[r for r in exc.stuck if r not in dead])
         elif not dead and timed_out and exc.stuck and exc.ename != "RankHung":
             exc = await self._name_hung(exc)
+        if not dead and timed_out and exc.ename not in ("RankHung", "SkippedCollective"):
+            exc = self._name_skipper(exc)
         if timed_out and not dead:
             self.patience = 0.0 if exc.ename == "RankHung" else STUCK_MARGIN_S
         named = {exc.rank, *exc.stuck, *exc.others}
@@ -359,6 +362,20 @@ class RankSet:
         if culprits:
             exc = exc.with_fault("; ".join(f.describe() for f in culprits))
         return exc
+
+    def _name_skipper(self, exc: RankError) -> RankError:
+        """Every rank timed out together (none was left running to name as hung): when one of
+        them announced that it skipped a collective (an injected fault), that rank is the one
+        they all waited for, whichever of them failed first."""
+        skipped = [f.rank for f in self.fired if f.fault == "skip_collective"]
+        if not skipped or skipped[0] == exc.rank:
+            return exc
+        rank = skipped[0]
+        others = {exc.rank: f"{exc.ename}: {(exc.evalue.splitlines() or [''])[0][:200]}", **exc.others}
+        others.pop(rank, None)
+        return RankError(rank, "SkippedCollective", f"rank {rank} skipped a collective its peers issued, so every "
+                         f"rank's later collectives were mismatched and timed out ({self.collective_timeout:g} s)",
+                         "", host=self.caller.hosts[rank], what=exc.what, others=others, stuck=exc.stuck)
 
     async def _name_hung(self, exc: RankError) -> RankError:
         """Peers timed out in a collective: wait (up to STUCK_MARGIN_S) for the other blocked

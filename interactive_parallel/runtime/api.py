@@ -10,6 +10,7 @@ without loading torch.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from typing import Any
@@ -214,8 +215,7 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
         raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
     kept = []
     vote: list = []  # the stop vote cast in the step just run, read at the next boundary
-    faults.call_started()
-    try:
+    with _long_call():
         for _ in range(steps):
             if channel.read_stop_vote(vote.pop()) if vote else channel.agree_stop(st.parallel.device):
                 break
@@ -231,8 +231,6 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
                 kept.append(rec)
         if vote:
             channel.read_stop_vote(vote.pop())  # every rank cast it: complete it before returning
-    finally:
-        faults.disarm()  # armed for this call only
     return kept
 
 
@@ -285,12 +283,9 @@ def generate(prompts: list[str], max_new_tokens: int, options: dict[str, Any]) -
         faults.boundary()  # before the next decoding step
         return False
 
-    faults.call_started()
-    try:
+    with _long_call():
         faults.boundary()  # the first decoding step
         texts = _generate(par, padded, max_new_tokens, rank=st.rank, on_step=on_step, **options)
-    finally:
-        faults.disarm()  # armed for this call only
     return Generation(rank=st.rank, texts={i: texts[j] for j, i in enumerate(mine)}, steps=kept)
 
 
@@ -300,15 +295,11 @@ def serve(requests: list[Request], options: dict[str, Any]) -> ServeResult:
     kv_tokens). Tokens, finished requests and steps stream through runtime.channel as they
     happen; the records no channel took come back in the ServeResult. Armed faults fire at
     the engines' step boundaries (runtime.serve, runtime.serve_transformers)."""
-    from . import faults
     from .serve import serve as _serve
 
     st = _require_plan()
-    faults.call_started()
-    try:
+    with _long_call():
         return _serve(st.parallel, list(requests), rank=st.rank, **options)
-    finally:
-        faults.disarm()  # armed for this call only
 
 
 def quantize(scheme: str) -> QuantizeRecord:
@@ -448,6 +439,22 @@ def load_checkpoint(path: str) -> dict[str, Any]:
     info = load(st.parallel, st.optimizer, path, check=False)
     st.step = info["step"]
     return info
+
+
+@contextlib.contextmanager
+def _long_call():
+    """Frame a call that streams and can be stopped: faults armed for it fire in it only, and
+    whatever the channel's sink still holds leaves before the call returns or raises."""
+    from . import channel, faults
+
+    faults.call_started()
+    try:
+        yield
+    finally:
+        try:
+            channel.flush()
+        finally:
+            faults.disarm()
 
 
 def _require_plan():

@@ -1,9 +1,11 @@
 """The rank's channel to whoever drives it: records out as they happen, a stop request in.
 
 Owns two hooks and the agreement on stopping. A driver installs them once per process:
-`set_sink(fn)` receives each record a long call produces (a step, a generated token) the
-moment it exists; `set_stop_source(fn)` answers "was I asked to stop?" for this rank.
-Long loops call `emit(record)` and, at each boundary, `agree_stop()`: one tiny all_reduce
+`set_sink(fn, flush)` receives each record a long call produces (a step, a generated token)
+the moment it exists (a sink may hold records back briefly to send several at once: `flush`
+sends what it holds); `set_stop_source(fn)` answers "was I asked to stop?" for this rank.
+Long loops call `emit(record)`, `flush()` before they return (or before a fault that may end
+the process), and, at each boundary, `agree_stop()`: one tiny all_reduce
 (MAX) over the world group, so every rank stops at the same boundary even when the request
 reached them at different times (a rank that stopped alone would leave its peers waiting
 in the next step's collectives). Training casts the same vote without waiting once a step's
@@ -17,11 +19,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 _SINK: list[Callable[[Any], None] | None] = [None]
+_FLUSH: list[Callable[[], None] | None] = [None]
 _STOP: list[Callable[[], bool] | None] = [None]
 
 
-def set_sink(fn: Callable[[Any], None] | None) -> None:
-    _SINK[0] = fn
+def set_sink(fn: Callable[[Any], None] | None, flush: Callable[[], None] | None = None) -> None:
+    _SINK[0], _FLUSH[0] = fn, flush
 
 
 def set_stop_source(fn: Callable[[], bool] | None) -> None:
@@ -39,6 +42,13 @@ def emit(record: Any) -> bool:
         return False
     sink(record)
     return True
+
+
+def flush() -> None:
+    """Send whatever the sink still holds (a no-op for sinks that hold nothing)."""
+    fn = _FLUSH[0]
+    if fn is not None:
+        fn()
 
 
 def stop_requested() -> bool:

@@ -13,8 +13,9 @@ Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|e
 step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
 `train.step`. Checkpoints are DCP's standard files; re-plans and snapshots (scratch) use
 runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, under one
-folder, each written under a temporary name and moved into place once complete
-(runtime.atomic_dir): a rank killed while writing one leaves the previous one to restore.
+folder; each writer's part is written under a temporary name and moved into place once
+complete (runtime.atomic_dir), and a generation counts once every writer's part is there:
+a rank killed while writing one leaves the previous one to restore.
 A snapshot is only ever read back by the layout that wrote it (recovery re-lays the same plan,
 a replaced rank takes its predecessor's index), so each rank of the first data-parallel
 replica writes its own shards in a directory of its own with DCP's `no_dist` (no planning
@@ -26,6 +27,7 @@ Knows nothing of the client or of how the layout was made; the caller says where
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from typing import Any
@@ -221,12 +223,21 @@ def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bo
 
 # ---- snapshots ---------------------------------------------------------------------------------
 def snapshot_dirs(folder: str) -> list[str]:
-    """Complete snapshots under `folder`, oldest first."""
+    """Complete snapshots under `folder`, oldest first: rank 0 has named the plan and its
+    writers, and every writer's directory is in place with DCP's metadata in it."""
     if not os.path.isdir(folder):
         return []
-    names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX) and not atomic_dir.is_partial(n))
-    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(_rank_dir(os.path.join(folder, n), 0),
-                                                                                   ".metadata"))]
+    complete = []
+    for name in sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX)):
+        path = os.path.join(folder, name)
+        try:
+            with open(os.path.join(path, PLAN_FILE)) as f:
+                writers = json.load(f)["writers"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if all(os.path.isfile(os.path.join(_rank_dir(path, r), ".metadata")) for r in writers):
+            complete.append(path)
+    return complete
 
 
 def _rank_dir(path: str, rank: int) -> str:
@@ -238,33 +249,71 @@ def _rank() -> int:
 
 
 def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
-    """A new generation under `folder` (a collective): every rank writes its own shards under
-    a temporary name; once all have (a barrier) rank 0 moves it into place and removes the
-    older generations (and any partial one an interruption left)."""
+    """A new generation under `folder`, with no collective: each rank of the first
+    data-parallel replica writes its own shards under a temporary name and moves its
+    directory into place; rank 0 names the plan and the writers, which is how a reader
+    knows the generation is complete (snapshot_dirs). Measured on tiny-llama under dp=4 on
+    2 cores: the two barriers that used to mark completion made a 20-step call 46 ms
+    longer, writing without them 4 ms. Rank 0 removes the generations before the previous
+    one (every rank has finished that one: they have all run the steps in between, with
+    their collectives, since writing it) and any of later steps."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
-    staging = atomic_dir.staging_path(path, token="writing")  # one name on every rank
-    source = _replica_source(par)
-    if source == _rank():  # data-parallel replicas hold the same shards: the first one writes them
-        save(par, optimizer, _rank_dir(staging, source), step, raw=True, local=True)
-    peers = dist.is_initialized() and dist.get_world_size() > 1
-    if peers:
-        dist.barrier()  # every rank's files are whole before the generation moves into place
-    if not peers or dist.get_rank() == 0:
-        with open(os.path.join(staging, PLAN_FILE), "w") as f:
-            json.dump(par.plan.to_dict(), f)
-        atomic_dir.publish(staging, path)
-        for old in os.listdir(folder):
-            if old.startswith(SNAPSHOT_PREFIX) and os.path.join(folder, old) != path:
-                shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
-    if peers:
-        dist.barrier()  # nobody reads `path` before it is in place
+    rank = _rank()
+    if rank == 0:
+        os.makedirs(path, exist_ok=True)
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        with open(os.path.join(path, PLAN_FILE + ".tmp"), "w") as f:
+            json.dump({"plan": par.plan.to_dict(), "writers": _writers(par.plan, world)}, f)
+        os.replace(os.path.join(path, PLAN_FILE + ".tmp"), os.path.join(path, PLAN_FILE))
+        names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
+        earlier = [n for n in names if _snapshot_step(n) < step]
+        later = [n for n in names if _snapshot_step(n) > step]  # of a run that went back: dead
+        for old in earlier[:-1] + later:
+            shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+    if _replica_source(par) == rank:  # data-parallel replicas hold the same shards: the first one writes them
+        mine = _rank_dir(path, rank)
+        staging = atomic_dir.staging_path(mine)
+        save(par, optimizer, staging, step, raw=True, local=True)
+        atomic_dir.publish(staging, mine)
     return path
+
+
+def drop_snapshots_after(folder: str, step: int) -> None:
+    """Remove the generations written after `step` (rank 0, when training goes back to it:
+    a restored snapshot, a new model): they belong to a run that no longer continues, and
+    the same steps will be written again."""
+    if not os.path.isdir(folder):
+        return
+    for name in os.listdir(folder):
+        if name.startswith(SNAPSHOT_PREFIX) and _snapshot_step(name) > step:
+            shutil.rmtree(os.path.join(folder, name), ignore_errors=True)
+
+
+def _snapshot_step(name: str) -> int:
+    digits = name[len(SNAPSHOT_PREFIX):].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else 0
+
+
+def _writers(plan: Plan, world: int) -> list[int]:
+    """The ranks that write a snapshot of `plan`'s layout: data-parallel coordinate 0 (every
+    rank when the world is not the plan's mesh)."""
+    shape = plan.mesh_shape
+    if math.prod(shape.values()) != world:
+        return list(range(world))
+    writers = []
+    for r in range(world):
+        rest, coords = r, {}
+        for axis in reversed(MESH_ORDER):
+            rest, coords[axis] = divmod(rest, shape.get(axis, 1))
+        if coords[MeshAxis.DP] == 0:
+            writers.append(r)
+    return writers
 
 
 def snapshot_plan(path: str) -> Plan:
     """The plan whose layout wrote snapshot `path`."""
     with open(os.path.join(path, PLAN_FILE)) as f:
-        return Plan.from_dict(json.load(f))
+        return Plan.from_dict(json.load(f)["plan"])
 
 
 def load_snapshot(par: Parallelized, optimizer, path: str) -> dict[str, Any]:

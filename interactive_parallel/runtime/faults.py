@@ -120,9 +120,10 @@ def _announce(f: FaultSpec, where: str) -> None:
     mismatched one), give the record time to leave it."""
     from . import channel
 
-    if channel.emit(dataclasses.replace(f, time=time.time(), detail=f"at step {f.at_step}{where}")) and \
-            f.fault in ("kill", "skip_collective"):
-        time.sleep(FLUSH_S)
+    if channel.emit(dataclasses.replace(f, time=time.time(), detail=f"at step {f.at_step}{where}")):
+        channel.flush()  # with the records before it: a hang or a kill would keep them back
+        if f.fault in ("kill", "skip_collective"):
+            time.sleep(FLUSH_S)
 
 
 def _fire(f: FaultSpec, where: str = "") -> None:

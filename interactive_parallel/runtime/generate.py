@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from ..records import DecodeStep
-from .decode import cache_bytes, forward_last, measured, new_caches
+from .decode import cache_bytes, decoding, forward_last, measured, new_caches
 from .parallelized import Parallelized
 from .tokenizer import get_tokenizer
 
@@ -62,7 +62,6 @@ def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, **kw) -
     return decode_new(generate_ids(par, prompts, max_new_tokens, **kw)) if prompts else []
 
 
-@torch.no_grad()
 def generate_ids(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, seed: int = 0, rank: int = 0,
                  on_step: OnStep | None = None) -> torch.Tensor:
@@ -70,6 +69,11 @@ def generate_ids(par: Parallelized, prompts: list[str], max_new_tokens: int, *, 
     new_text, done, step)` gets each row's new text, whether each row has finished and the
     step's DecodeStep; returning True stops decoding there (every rank must return the same:
     the caller agrees on it with its peers)."""
+    with decoding(par):
+        return _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, seed, rank, on_step)
+
+
+def _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, seed, rank, on_step) -> torch.Tensor:
     tok = get_tokenizer()
     ids, mask = encode(prompts, par.device)
     gen = torch.Generator(device=par.device).manual_seed(seed)

@@ -66,7 +66,7 @@ def restore_kept(par, optimizer, kept: dict[str, Any]) -> int:
 
 def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple[str, int]:
     """Build `plan`'s layout on this rank into `st` and fill it; (how it was filled, step)."""
-    from .checkpoint import latest_snapshot, load
+    from .checkpoint import drop_snapshots_after, latest_snapshot, load
     from .parallelize import parallelize
     from .train import make_optimizer, make_scaler
 
@@ -94,6 +94,8 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
         if not dist.is_initialized() or dist.get_rank() == 0:  # every rank has read it (DCP's last collective)
             shutil.rmtree(source, ignore_errors=True)
     st.extra.pop("kept", None)
+    if scratch is not None and (not dist.is_initialized() or dist.get_rank() == 0):
+        drop_snapshots_after(os.path.join(scratch, "snapshots"), step)  # a run that no longer continues
     st.parallel, st.model, st.plan, st.mesh = par, par.model, plan, par.mesh
     st.optimizer, st.scaler, st.step = optimizer, make_scaler(plan), step
     return how, step

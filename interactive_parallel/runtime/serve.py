@@ -28,7 +28,7 @@ import torch.distributed as dist
 from ..plan import MeshAxis
 from ..records import DecodeStep, Request, RequestRecord, ServeResult, TokenRecord
 from . import channel, faults
-from .decode import cache_bytes, forward_last, measured, new_caches
+from .decode import cache_bytes, decoding, forward_last, measured, new_caches
 from .generate import encode, pick, piece, suppress_padding
 from .parallelized import Parallelized
 from .tokenizer import get_tokenizer
@@ -326,7 +326,9 @@ def serve(par: Parallelized, requests: list[Request], *, engine: str, reason: st
         else:
             server = Server(par, requests, mine, rank=rank, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens,
                             leader=leader)
-            records, steps, window = server.run(), server.steps, server.window_s
+            with decoding(par):  # not around transformers' engine: its own thread makes its cache
+                records = server.run()
+            steps, window = server.steps, server.window_s
     finally:
         par.model.train(was_training)
     return ServeResult(engine=engine, reason=reason, policy=policy, plan=par.plan.describe(),
