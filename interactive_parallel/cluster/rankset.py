@@ -433,12 +433,9 @@ class RankSet:
     def _process_gone(self, rank: int) -> bool:
         if not self.pool.owned or rank >= len(self.info):
             return False
-        import psutil
+        from .pool import process_gone
 
-        try:
-            return psutil.Process(self.info[rank]["pid"]).status() == psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return True
+        return process_gone(self.info[rank]["pid"])
 
     async def recover(self, replace: int = 0) -> None:
         """After a failure that may have left collectives half-done, or a dead rank: a fresh
@@ -529,3 +526,4 @@ def _in_ipython() -> bool:
     except ImportError:
         return False
     return get_ipython() is not None
+

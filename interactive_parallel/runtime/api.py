@@ -149,13 +149,17 @@ def apply_plan(plan: Plan, scratch: str | None = None, restore: str | None = Non
         raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
     temporary = None
     if st.parallel is not None:
-        from .checkpoint import save
+        import torch.distributed as dist
+
+        from .checkpoint import write_parts
 
         dequantize()  # the new layout starts from the full-precision weights
         if scratch is None:  # a plain torchrun or test group on one host
             scratch = temporary = _shared_temp_dir()
         path = os.path.join(scratch, "replan")
-        save(st.parallel, st.optimizer, path, st.step, raw=True)
+        write_parts(st.parallel, st.optimizer, path, st.step)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every part is in place before any rank reads
         st.extra["pending_state"] = path
         st.parallel = st.model = st.optimizer = None  # free the old layout before building the new one
     device = _dist.torch_device(plan.device, st.local_rank)

@@ -11,16 +11,17 @@ saved: they come from the plan that loads the state.
 
 Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|exp_avg_sq|
 step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
-`train.step`. Checkpoints are DCP's standard files; re-plans and snapshots (scratch) use
-runtime.rawfiles. Snapshots (for recovery) are directories, one per generation, under one
-folder; each writer's part is written under a temporary name and moved into place once
-complete (runtime.atomic_dir), and a generation counts once every writer's part is there:
-a rank killed while writing one leaves the previous one to restore.
-A snapshot is only ever read back by the layout that wrote it (recovery re-lays the same plan,
-a replaced rank takes its predecessor's index), so each rank of the first data-parallel
-replica writes its own shards in a directory of its own with DCP's `no_dist` (no planning
-collectives: measured on tiny-llama, 4 CPU ranks, 40-100 ms -> 15-32 ms a write), and every
-rank reads back the directory of the replica rank with its coordinates.
+`train.step`. Checkpoints (Session.save) are DCP's standard files, written and read with its
+collective planning. Re-plans and snapshots (scratch, runtime.rawfiles) are written in parts
+(write_parts): each rank of the first data-parallel replica writes its own shards in a
+directory of its own with DCP's `no_dist`, under a temporary name moved into place once
+complete (runtime.atomic_dir), and rank 0 names the plan and the writers; no collective
+(measured on tiny-llama, 4 CPU ranks: a snapshot 40-100 ms -> 15-32 ms; a re-plan dp2xtp2 ->
+dp4 0.21-0.23 s -> 0.13-0.15 s). The layout that wrote them reads its own part back; another
+layout reads all the parts as one checkpoint, DCP resharding (load_parts). Snapshots (for
+recovery) are such directories, one per generation, under one folder; a generation counts
+once every writer's part is there, so a rank killed while writing one leaves the previous
+one to restore.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
@@ -140,16 +141,21 @@ def write(state: dict, path: str, raw: bool = False, local: bool = False) -> Non
     dcp.save(state, storage_writer=writer, planner=save_planner(), no_dist=local)
 
 
-def read(state: dict, path: str, raw: bool = False, local: bool = False) -> None:
-    """DCP load into the tensors of `state`, in place (a collective; `local`: of this rank alone)."""
+def read(state: dict, path: str, raw: bool = False, local: bool = False, parts: list[str] | None = None) -> None:
+    """DCP load into the tensors of `state`, in place (a collective; `local`: of this rank alone;
+    `parts`: from these subdirectories of `path`, each written by one rank alone, as one
+    checkpoint (runtime.rawfiles.PartsReader), with no collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemReader
 
-    from .rawfiles import RawReader
+    from .rawfiles import PartsReader, RawReader
 
     _, load_planner = _planners()
-    dcp.load(state, storage_reader=(RawReader if raw else FileSystemReader)(path), planner=load_planner(),
-             no_dist=local)
+    if parts is not None:
+        reader, local = PartsReader(path, parts), True
+    else:
+        reader = (RawReader if raw else FileSystemReader)(path)
+    dcp.load(state, storage_reader=reader, planner=load_planner(), no_dist=local)
 
 
 def saved_keys(path: str) -> dict[str, tuple[int, ...] | None]:
@@ -194,7 +200,7 @@ def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
 
 
 def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False,
-         local: bool = False) -> dict[str, Any]:
+         local: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
     """Read `path` into the current layout and optimizer, in place; a collective.
 
     Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
@@ -207,10 +213,11 @@ def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bo
         found = problems(par, path)
         if found:
             raise CheckpointMismatch(path, found)
-    with_optim = any(k.startswith("optim.") for k in saved_keys(path))
+    # every part holds optimizer state or none does (it exists once the optimizer has stepped)
+    with_optim = any(k.startswith("optim.") for k in saved_keys(os.path.join(path, parts[0]) if parts else path))
     state, model_sd, optim_sd = live_state(par, optimizer, with_optim=with_optim)
     state["train.step"] = 0
-    read(state, path, raw, local)
+    read(state, path, raw, local, parts)
     if with_optim:
         set_state_dict(par.raw, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=_options())
@@ -248,16 +255,11 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
-    """A new generation under `folder`, with no collective: each rank of the first
-    data-parallel replica writes its own shards under a temporary name and moves its
-    directory into place; rank 0 names the plan and the writers, which is how a reader
-    knows the generation is complete (snapshot_dirs). Measured on tiny-llama under dp=4 on
-    2 cores: the two barriers that used to mark completion made a 20-step call 46 ms
-    longer, writing without them 4 ms. Rank 0 removes the generations before the previous
-    one (every rank has finished that one: they have all run the steps in between, with
-    their collectives, since writing it) and any of later steps."""
-    path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
+def write_parts(par: Parallelized, optimizer, path: str, step: int) -> None:
+    """This rank's part of a state directory written with no collective: each rank of the
+    first data-parallel replica writes its own shards (DCP's no_dist) under a temporary name
+    and moves its directory into place; rank 0 names the plan and the writers, which is how
+    a reader knows the directory is complete (snapshot_dirs) and what it holds (load_parts)."""
     rank = _rank()
     if rank == 0:
         os.makedirs(path, exist_ok=True)
@@ -265,16 +267,40 @@ def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
         with open(os.path.join(path, PLAN_FILE + ".tmp"), "w") as f:
             json.dump({"plan": par.plan.to_dict(), "writers": _writers(par.plan, world)}, f)
         os.replace(os.path.join(path, PLAN_FILE + ".tmp"), os.path.join(path, PLAN_FILE))
-        names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
-        earlier = [n for n in names if _snapshot_step(n) < step]
-        later = [n for n in names if _snapshot_step(n) > step]  # of a run that went back: dead
-        for old in earlier[:-1] + later:
-            shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
     if _replica_source(par) == rank:  # data-parallel replicas hold the same shards: the first one writes them
         mine = _rank_dir(path, rank)
         staging = atomic_dir.staging_path(mine)
         save(par, optimizer, staging, step, raw=True, local=True)
         atomic_dir.publish(staging, mine)
+
+
+def load_parts(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
+    """A directory write_parts wrote (under any plan) into this rank's layout, with no
+    collective: the layout that wrote it reads its own rank's part back; another layout reads
+    every part as one checkpoint, DCP resharding (runtime.rawfiles.PartsReader)."""
+    with open(os.path.join(path, PLAN_FILE)) as f:
+        info = json.load(f)
+    if Plan.from_dict(info["plan"]).same_layout(par.plan):
+        return load(par, optimizer, _rank_dir(path, _replica_source(par)), check=False, raw=True, local=True)
+    parts = [os.path.basename(_rank_dir(path, r)) for r in info["writers"]]
+    return load(par, optimizer, path, check=False, raw=True, parts=parts)
+
+
+def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
+    """A new generation under `folder` (write_parts: no collective). Measured on tiny-llama
+    under dp=4 on 2 cores: the two barriers that used to mark completion made a 20-step call
+    46 ms longer, writing without them 4 ms. Rank 0 removes the generations before the
+    previous one (every rank has finished that one: they have all run the steps in between,
+    with their collectives, since writing it) and any of later steps."""
+    path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
+    if _rank() == 0:
+        os.makedirs(folder, exist_ok=True)
+        names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
+        earlier = [n for n in names if _snapshot_step(n) < step]
+        later = [n for n in names if _snapshot_step(n) > step]  # of a run that went back: dead
+        for old in earlier[:-1] + later:
+            shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
+    write_parts(par, optimizer, path, step)
     return path
 
 
@@ -314,11 +340,6 @@ def snapshot_plan(path: str) -> Plan:
     """The plan whose layout wrote snapshot `path`."""
     with open(os.path.join(path, PLAN_FILE)) as f:
         return Plan.from_dict(json.load(f)["plan"])
-
-
-def load_snapshot(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
-    """This rank's shards of snapshot `path` into the layout that wrote it (no collective)."""
-    return load(par, optimizer, _rank_dir(path, _replica_source(par)), check=False, raw=True, local=True)
 
 
 def _replica_source(par: Parallelized) -> int:

@@ -92,3 +92,45 @@ class RawReader(FileSystemReader):
         fut: Future = Future()
         fut.set_result(None)
         return fut
+
+
+class PartsReader(RawReader):
+    """Several RawWriter directories, each one rank's own shards saved alone (DCP's no_dist),
+    read as one checkpoint, so that a layout of another plan loads from them with DCP's own
+    load planner (resharding) and no collective.
+
+    DCP writes a checkpoint's global metadata only through its collective planning (with
+    `use_collectives=False` it writes each rank's own metadata, read back by that rank
+    alone), which is most of a small model's re-plan on CPU ranks: this merges the parts'
+    metadata instead. Every chunk is described by its offsets in the logical tensor, so
+    the union of the parts' chunks is the tensor; a chunk several parts hold (replicated
+    state) is read from the first of them.
+    """
+
+    def __init__(self, path: str, parts: list[str]):
+        super().__init__(path)
+        self.parts = list(parts)
+
+    def read_metadata(self, *args, **kwargs):
+        import dataclasses
+
+        from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+
+        merged = Metadata(state_dict_metadata={}, planner_data={}, storage_data={})
+        for part in self.parts:
+            md = RawReader(os.path.join(self.path, part)).read_metadata()
+            for fqn, meta in md.state_dict_metadata.items():
+                have = merged.state_dict_metadata.get(fqn)
+                if have is None:
+                    merged.state_dict_metadata[fqn] = dataclasses.replace(meta, chunks=list(meta.chunks)) \
+                        if isinstance(meta, TensorStorageMetadata) else meta
+                elif isinstance(meta, TensorStorageMetadata):
+                    known = {tuple(c.offsets) for c in have.chunks}
+                    have.chunks.extend(c for c in meta.chunks if tuple(c.offsets) not in known)
+            for index, entry in md.storage_data.items():
+                if index not in merged.storage_data:
+                    merged.storage_data[index] = Entry(os.path.join(part, entry.file), entry.offset, entry.length)
+            merged.planner_data.update(md.planner_data or {})
+        merged.storage_meta = StorageMeta()
+        merged.storage_meta.load_id = self.load_id
+        return merged

@@ -66,7 +66,7 @@ def restore_kept(par, optimizer, kept: dict[str, Any]) -> int:
 
 def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple[str, int]:
     """Build `plan`'s layout on this rank into `st` and fill it; (how it was filled, step)."""
-    from .checkpoint import drop_snapshots_after, latest_snapshot, load
+    from .checkpoint import drop_snapshots_after, latest_snapshot, load_parts
     from .parallelize import parallelize
     from .train import make_optimizer, make_scaler
 
@@ -86,12 +86,14 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     if how == "kept":
         step = restore_kept(par, optimizer, st.extra.pop("kept"))
     elif how == "snapshot":
-        step = _from_snapshot(st, par, optimizer, source, device)
+        step = _from_snapshot(par, optimizer, source)
     elif source is not None:
-        step = load(par, optimizer, source, check=False, raw=True)["step"]
+        step = load_parts(par, optimizer, source)["step"]
     if how == "carried":
         st.extra.pop("pending_state", None)
-        if not dist.is_initialized() or dist.get_rank() == 0:  # every rank has read it (DCP's last collective)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every rank has read it
+        if not dist.is_initialized() or dist.get_rank() == 0:
             shutil.rmtree(source, ignore_errors=True)
     st.extra.pop("kept", None)
     if scratch is not None and (not dist.is_initialized() or dist.get_rank() == 0):
@@ -101,27 +103,11 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     return how, step
 
 
-def _from_snapshot(st, par, optimizer, source: str, device) -> int:
+def _from_snapshot(par, optimizer, source: str) -> int:
     """Fill `par` from the snapshot at `source`; its step. Each rank's snapshot holds its own
     shards of the layout that wrote it: when the plan has changed since (a re-plan with no
-    snapshot after it), that layout is built again, filled, and moved into `par` the way a
-    re-plan moves state (DCP, resharding)."""
-    from .checkpoint import load, load_snapshot, save, snapshot_plan
-    from .parallelize import parallelize
-    from .train import make_optimizer
+    snapshot after it), every rank reads the parts of that layout it needs, DCP resharding
+    (checkpoint.load_parts)."""
+    from .checkpoint import load_parts
 
-    then = snapshot_plan(source)
-    if then.same_layout(par.plan):
-        return load_snapshot(par, optimizer, source)["step"]
-    old = parallelize(st.spec, then, device=device, fill="none")
-    old_optimizer = make_optimizer(old)
-    step = load_snapshot(old, old_optimizer, source)["step"]
-    # one directory on every rank: beside the snapshot, on the scratch every rank reads
-    hop = os.path.join(os.path.dirname(os.path.dirname(source)), f"replan-from-{os.path.basename(source)}")
-    save(old, old_optimizer, hop, step, raw=True)
-    del old, old_optimizer
-    load(par, optimizer, hop, check=False, raw=True)
-    if not dist.is_initialized() or dist.get_rank() == 0:  # every rank has read it (DCP's last collective)
-        shutil.rmtree(hop, ignore_errors=True)
-    return step
-
+    return load_parts(par, optimizer, source)["step"]
