@@ -219,6 +219,7 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
         raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
     kept = []
     vote: list = []  # the stop vote cast in the step just run, read at the next boundary
+    channel.forget_carried()
     with _long_call():
         for _ in range(steps):
             if channel.read_stop_vote(vote.pop()) if vote else channel.agree_stop(st.parallel.device):

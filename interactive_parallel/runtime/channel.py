@@ -9,7 +9,9 @@ the process), and, at each boundary, `agree_stop()`: one tiny all_reduce
 (MAX) over the world group, so every rank stops at the same boundary even when the request
 reached them at different times (a rank that stopped alone would leave its peers waiting
 in the next step's collectives). Training casts the same vote without waiting once a step's
-gradients are ready (`cast_stop_vote`) and reads it at the next boundary (`read_stop_vote`).
+gradients are ready (`cast_stop_vote`) and reads it at the next boundary (`read_stop_vote`);
+under DDP the vote rides in the step's last gradient bucket (`ddp_vote_hook`) and costs no
+collective of its own.
 
 Knows nothing of ipyparallel (the Session's engines install hooks that publish through it;
 a torchrun script installs none: records are returned at the end, and nobody asks to stop).
@@ -21,6 +23,8 @@ from typing import Any, Callable
 _SINK: list[Callable[[Any], None] | None] = [None]
 _FLUSH: list[Callable[[], None] | None] = [None]
 _STOP: list[Callable[[], bool] | None] = [None]
+_CARRIED: list[bool | None] = [None]  # a vote some step's own collective carried (ddp_vote_hook)
+_SEEN = [False]  # the stop source's latest answer on the main thread
 
 
 def set_sink(fn: Callable[[Any], None] | None, flush: Callable[[], None] | None = None) -> None:
@@ -52,9 +56,21 @@ def flush() -> None:
 
 
 def stop_requested() -> bool:
-    """This rank's own view: was it asked to stop (not yet agreed with its peers)."""
+    """This rank's own view: was it asked to stop (not yet agreed with its peers). The stop
+    source answers on the thread that runs the call; asked from another (an autograd device
+    thread running a communication hook) this gives the main thread's latest answer."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _SEEN[0]
     source = _STOP[0]
-    return bool(source and source())
+    _SEEN[0] = bool(source and source())
+    return _SEEN[0]
+
+
+def forget_carried() -> None:
+    """Drop a vote a communication hook carried outside a train loop (a call starts afresh)."""
+    _CARRIED[0] = None
 
 
 def agree_stop(device: Any = "cpu", finished: bool | None = None) -> bool:
@@ -91,6 +107,9 @@ def cast_stop_vote(device: Any = "cpu") -> Any:
     import torch
     import torch.distributed as dist
 
+    carried, _CARRIED[0] = _CARRIED[0], None
+    if carried is not None:
+        return (None, carried)
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return (None, stop_requested())
     with torch.inference_mode():
@@ -110,3 +129,31 @@ def read_stop_vote(vote: Any) -> bool:
     work.wait()
     return float(flag.item()) > 0
 
+
+def ddp_vote_hook(group: Any):
+    """A DDP communication hook that averages gradients as DDP's own does (divide by the group
+    size, all_reduce SUM) and carries the stop vote in the last bucket of each step: one more
+    element on every rank, so under DDP the vote costs no collective of its own (measured:
+    the separate one was 1.8 ms of a 43 ms dp=4 step on 2 cores). Only when the DDP group is
+    the whole world (every rank votes in it); cast_stop_vote then hands on what it carried."""
+    import torch
+    import torch.distributed as dist
+
+    def hook(_state, bucket):
+        size = dist.get_world_size(group)
+        grads = bucket.buffer()
+        if bucket.is_last() and _STOP[0] is not None and size == dist.get_world_size():
+            flag = grads.new_tensor([1.0 if stop_requested() else 0.0])
+            both = torch.cat([grads.div(size), flag])
+            fut = dist.all_reduce(both, group=group, async_op=True).get_future()
+
+            def split(f):
+                out = f.value()[0]
+                _CARRIED[0] = bool(out[-1].item() > 0)
+                return grads.copy_(out[:-1])
+
+            return fut.then(split)
+        grads.div_(size)
+        return dist.all_reduce(grads, group=group, async_op=True).get_future().then(lambda f: f.value()[0])
+
+    return hook

@@ -8,6 +8,8 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..channel import ddp_vote_hook
+
 
 def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module:
     """DDP over `mesh[axis]`. Gradients are all-reduced in buckets during backward.
@@ -21,7 +23,9 @@ def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module
     # No per-forward buffer sync: the models here have no buffers that change in training
     # (rotary tables are constant). forward_sync_buffers replaces the deprecated
     # broadcast_buffers on this torch; it still syncs once at init, which is harmless here.
-    return DistributedDataParallel(model, process_group=group, device_ids=device_ids, forward_sync_buffers=False)
+    ddp = DistributedDataParallel(model, process_group=group, device_ids=device_ids, forward_sync_buffers=False)
+    ddp.register_comm_hook(None, ddp_vote_hook(group))  # DDP's averaging, with the stop vote aboard
+    return ddp
 
 
 def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Module:
