@@ -10,8 +10,9 @@ Prints one table of medians and the ratios the README quotes:
   (accelerate is needed for this row only: `pip install accelerate`; it is not a dependency);
 - a no-op call to every rank against bare ipyparallel `apply_sync`.
 
-Numbers move with machine load: run it on an otherwise idle machine.
-    python bench/bench_session.py [--ranks 4] [--steps 20] [--repeats 3]
+Numbers move with machine load: run it on an otherwise idle machine, with several rounds (the
+three are measured one after another in each; a ratio is taken within a round).
+    python bench/bench_session.py [--ranks 4] [--steps 20] [--repeats 3] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -128,37 +129,63 @@ def launcher_numbers(ranks: int, steps: int, repeats: int) -> dict:
     return {"replan_train_s": statistics.median(calls)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--plans", nargs="+", default=list(PLANS))
-    args = ap.parse_args()
-    # notebook_launcher forks this process: first, while it runs no threads (a Session's zmq and
-    # BLAS threads may hold locks a forked child then waits on forever: seen, one call in three)
-    launcher = launcher_numbers(args.ranks, args.steps, args.repeats)
+def launcher_in_child(args) -> dict:
+    """launcher_numbers in a fresh process of its own: notebook_launcher forks its caller, which
+    must run no threads (a Session's zmq and BLAS threads may hold locks a forked child then
+    waits on forever: seen, one call in three)."""
+    out = subprocess.run([sys.executable, __file__, "--launcher-only", "--ranks", str(args.ranks), "--steps",
+                          str(args.steps), "--repeats", str(args.repeats)], capture_output=True, text=True,
+                         timeout=900)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {}
+
+
+def one_round(args) -> tuple[dict, dict, dict]:
+    """notebook_launcher, then a Session, then plain torchrun: (launcher, ours, theirs)."""
+    launcher = launcher_in_child(args)
     print("notebook_launcher:", json.dumps(launcher), file=sys.stderr, flush=True)  # progress, part by part
     with Session(ranks=args.ranks) as s:
         ours = session_numbers(s, args.plans, args.steps, args.repeats)
     print("Session:", json.dumps(ours), file=sys.stderr, flush=True)
     theirs = torchrun_numbers(args.ranks, args.plans, args.steps, args.repeats)
     print("torchrun:", json.dumps(theirs), file=sys.stderr, flush=True)
-    print(f"tiny-llama, {args.ranks} ranks, batch 8x64, {args.steps} steps, {os.cpu_count()} cores, "
-          f"medians of {args.repeats}")
-    print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline")
-    rows = [(f"step in train(steps={args.steps}), {p}, ms", f"step_{p}", theirs, "plain torchrun")
-            for p in args.plans]
     theirs.update({f"step_{p}_nosnap": theirs[f"step_{p}"] for p in args.plans})
-    rows += [(f"  the same, snapshot_every=0, {p}, ms", f"step_{p}_nosnap", theirs, "plain torchrun")
-             for p in args.plans]
-    rows += [(f"warm apply + train(steps={args.steps}), s", "replan_train_s", launcher, "notebook_launcher"),
-             ("no-op call to all ranks, ms", "noop_ms", {"noop_ms": ours["ipp_noop_ms"]}, "ipyparallel apply_sync")]
-    for label, key, base, what in rows:
-        b = base.get(key)
-        ratio = f"{ours[key] / b:8.2f}" if b else f"{'-':>8s}"
-        print(f"{label:44s}{ours[key]:10.2f}{(b if b else float('nan')):10.2f}{ratio}  {what}")
-    print(f"no-op call overhead over bare apply_sync: {ours['noop_ms'] - ours['ipp_noop_ms']:+.2f} ms")
+    return launcher, ours, theirs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of all three, one after another; ratios are taken within a round (the "
+                         "machine's load drifts over minutes) and their median is printed")
+    ap.add_argument("--plans", nargs="+", default=list(PLANS))
+    ap.add_argument("--launcher-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.launcher_only:
+        print(json.dumps(launcher_numbers(args.ranks, args.steps, args.repeats)), flush=True)
+        return
+    rounds = [one_round(args) for _ in range(args.rounds)]
+    print(f"tiny-llama, {args.ranks} ranks, batch 8x64, {args.steps} steps, {os.cpu_count()} cores, "
+          f"medians of {args.repeats} in each of {args.rounds} round(s); ratio: median of the rounds' ratios")
+    print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline (each round's ratio)")
+    rows = [(f"step in train(steps={args.steps}), {p}, ms", f"step_{p}", 2, "plain torchrun") for p in args.plans]
+    rows += [(f"  the same, snapshot_every=0, {p}, ms", f"step_{p}_nosnap", 2, "plain torchrun") for p in args.plans]
+    rows += [(f"warm apply + train(steps={args.steps}), s", "replan_train_s", 0, "notebook_launcher"),
+             ("no-op call to all ranks, ms", "noop_ms", None, "ipyparallel apply_sync")]
+    for label, key, side, what in rows:
+        mine = [ours[key] for _, ours, _ in rounds]
+        base = [(r[side].get(key) if side is not None else r[1]["ipp_noop_ms"]) for r in rounds]
+        ratios = [m / b for m, b in zip(mine, base) if b]
+        b = statistics.median([x for x in base if x]) if any(base) else float("nan")
+        ratio = f"{statistics.median(ratios):8.2f}" if ratios else f"{'-':>8s}"
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"{label:44s}{statistics.median(mine):10.2f}{b:10.2f}{ratio}  {what} ({each})")
+    over = [ours["noop_ms"] - ours["ipp_noop_ms"] for _, ours, _ in rounds]
+    print(f"no-op call overhead over bare apply_sync: {statistics.median(over):+.2f} ms "
+          f"({', '.join(f'{x:+.2f}' for x in over)})")
 
 
 if __name__ == "__main__":

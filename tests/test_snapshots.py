@@ -1,8 +1,7 @@
 """Recovery snapshots on disk, without ranks: which ranks write one, when a generation counts.
 
-- The writers rank 0 names for a plan are the ranks of data-parallel coordinate 0, the same
-  ranks every reader is sent to (checkpoint._replica_source computes the rank from its own
-  coordinates with _mesh_rank), for every plan of the parity tests.
+- Data-parallel replicas share the writing: every key written once, the bytes balanced, the
+  same split on every replica whatever order its state lists the keys in.
 - A generation counts once rank 0 has named its plan and writers and every writer's directory
   is in place with DCP's metadata: a writer still writing (only its partial directory), a
   missing writer or a missing plan file leave the previous generation the newest.
@@ -10,34 +9,29 @@
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 
 import pytest
 
-from interactive_parallel.plan import MESH_ORDER, MeshAxis, Plan
+from interactive_parallel.plan import Plan
 from interactive_parallel.runtime import checkpoint as ck
 
 pytestmark = pytest.mark.pure
 
-PLANS = [dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2), dict(pp=2, dp=2), dict(dp=2, fsdp=2), dict(dp=2, pp=2, tp=2),
-         dict(dp=2, cp=2, tp=2), dict(tp=4)]
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_replicas_share_the_writing_by_bytes(count):
+    import torch
 
-
-@pytest.mark.parametrize("fields", PLANS, ids=str)
-def test_writers_are_the_first_replicas_ranks(fields):
-    plan = Plan(**fields)
-    shape = plan.mesh_shape
-    sources = set()
-    for coords in itertools.product(*[range(shape[a]) for a in MESH_ORDER]):
-        c = dict(zip(MESH_ORDER, coords), **{MeshAxis.DP: 0})
-        sources.add(ck._mesh_rank(c, shape))
-    world = 1
-    for v in shape.values():
-        world *= v
-    assert ck._writers(plan, world) == sorted(sources)
-    assert ck._writers(plan, world + 1) == list(range(world + 1))  # not the plan's mesh: everyone
+    state = {f"model.w{i}": torch.zeros(64 * (i % 5 + 1)) for i in range(23)}
+    state["train.step"] = 7
+    shares = ck.replica_share(state, count)
+    assert shares == ck.replica_share(dict(reversed(list(state.items()))), count)  # same on every replica
+    keys = [k for share in shares for k in share if k != "train.step"]
+    assert sorted(keys) == sorted(k for k in state if k != "train.step")  # every key once
+    assert all("train.step" in share for share in shares)  # no share is empty
+    loads = [sum(state[k].numel() for k in share if k != "train.step") for share in shares]
+    assert max(loads) - min(loads) <= 64 * 5  # within the largest tensor
 
 
 def _generation(folder, step, writers, done, plan=True):
