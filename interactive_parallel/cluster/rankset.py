@@ -281,7 +281,12 @@ class RankSet:
         try:
             return await waiting
         except RankError as exc:
-            self.dirty = bool(caller.pending) or self.dirty
+            # A rank left running, or any that gave up on a collective or lost a peer: gloo's
+            # pairs are closed after a timeout, so the group is no use even when every rank
+            # has returned (all timed out together).
+            said = [f"{exc.ename}: {exc.evalue}", *exc.others.values()]
+            broken = any(_TIMED_OUT.search(x) or _LOST.search(x) for x in said)
+            self.dirty = bool(caller.pending) or broken or self.dirty
             self.patience = self.collective_timeout + STUCK_MARGIN_S
             raise await self._explain(exc) from exc
         except RankTimeout:

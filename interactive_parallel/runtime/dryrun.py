@@ -169,13 +169,9 @@ def _layout(spec: ModelSpec, plan: Plan, fake_mode):
     par = parallelize(spec, plan, device="cpu", materialize=False)
     _fake_storage(par, fake_mode)
     if par.mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:
-        from torch.nn.parallel import DistributedDataParallel
-
         from .parallel.dp import apply_dp
 
-        par.model = apply_dp(par.raw, par.mesh, axis=MeshAxis.DP.value, device=par.device)
-        if isinstance(par.model, DistributedDataParallel):
-            par.model.register_comm_hook(par.model.process_group, _ddp_hook)
+        par.model = apply_dp(par.raw, par.mesh, axis=MeshAxis.DP.value, device=par.device, comm_hook=_ddp_hook)
     if plan.pp > 1:
         from .parallel.pp import apply_schedule
 

@@ -11,8 +11,9 @@ from torch.nn.parallel import DistributedDataParallel
 from ..channel import ddp_vote_hook
 
 
-def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module:
-    """DDP over `mesh[axis]`. Gradients are all-reduced in buckets during backward.
+def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None, comm_hook=None) -> nn.Module:
+    """DDP over `mesh[axis]`. Gradients are all-reduced in buckets during backward, through
+    runtime.channel.ddp_vote_hook unless `comm_hook` replaces it (the dry run's, on a fake group).
 
     DDP over DataParallel: one process per replica (no GIL, no scatter of inputs and
     gather of outputs through one device each step), and the gradient all-reduce
@@ -24,7 +25,8 @@ def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None) -> nn.Module
     # (rotary tables are constant). forward_sync_buffers replaces the deprecated
     # broadcast_buffers on this torch; it still syncs once at init, which is harmless here.
     ddp = DistributedDataParallel(model, process_group=group, device_ids=device_ids, forward_sync_buffers=False)
-    ddp.register_comm_hook(None, ddp_vote_hook(group))  # DDP's averaging, with the stop vote aboard
+    # DDP's averaging, with the stop vote aboard (`comm_hook(group, bucket)`: another, once only)
+    ddp.register_comm_hook(group, comm_hook or ddp_vote_hook(group))
     return ddp
 
 
