@@ -10,8 +10,8 @@ and the controller (measured: streaming every step of a 40 ms dp=4 step on 2 cor
 once, the rest at most every PUBLISH_S, and whatever is held leaves when the call ends
 (runtime.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
 is running: the engine's control thread (which serves while the task runs) adds its message
-id to the kernel's `aborted` set, and the stop source finds it there at the next boundary. Runs on engines only; the client
-imports this module just to name the functions it ships.
+id to the kernel's `aborted` set, and the stop source finds it there at the next boundary.
+Runs on engines only; the client imports this module just to name the functions it ships.
 """
 from __future__ import annotations
 

@@ -284,8 +284,7 @@ class RankSet:
             # A rank left running, or any that gave up on a collective or lost a peer: gloo's
             # pairs are closed after a timeout, so the group is no use even when every rank
             # has returned (all timed out together).
-            said = [f"{exc.ename}: {exc.evalue}", *exc.others.values()]
-            broken = any(_TIMED_OUT.search(x) or _LOST.search(x) for x in said)
+            broken = any(_TIMED_OUT.search(x) or _LOST.search(x) for x in _said(exc))
             self.dirty = bool(caller.pending) or broken or self.dirty
             self.patience = self.collective_timeout + STUCK_MARGIN_S
             raise await self._explain(exc) from exc
@@ -340,7 +339,7 @@ class RankSet:
         import asyncio
 
         dead = self.dead_ranks()
-        said = [f"{exc.ename}: {exc.evalue}", *exc.others.values()]
+        said = _said(exc)
         if not dead and any(_LOST.search(x) for x in said):
             for _ in range(int(DEATH_WAIT_S / 0.05)):  # another host's death: the heartbeat tells
                 dead = self.dead_ranks()
@@ -532,3 +531,7 @@ def _in_ipython() -> bool:
         return False
     return get_ipython() is not None
 
+
+def _said(exc: RankError) -> list[str]:
+    """What every failed rank of `exc` said, the first one's whole error included."""
+    return [f"{exc.ename}: {exc.evalue}", *exc.others.values()]

@@ -207,7 +207,7 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
     step's gradients are ready and read at the next boundary), so all of them stop at the
     same boundary: a Stop asked before a step's gradients are ready ends the call after that
     step, one asked while it updates after the next. Every `snapshot_every` steps (0: never)
-    the state is written under `scratch` (runtime.checkpoint.snapshot, a collective) for
+    the state is written under `scratch` (runtime.checkpoint.snapshot, no collective) for
     recovery.
     Returns the records no channel took (all of them when no driver listens)."""
     from . import channel, faults
@@ -240,7 +240,7 @@ def train(steps: int, snapshot_every: int = 0, scratch: str | None = None) -> li
 
 
 def take_snapshot(scratch: str) -> dict[str, Any]:
-    """Write the state now under `scratch` (a collective); {path, step, seconds, bytes}."""
+    """Write the state now under `scratch` (no collective); {path, step, seconds, bytes}."""
     import time
 
     from .checkpoint import snapshot

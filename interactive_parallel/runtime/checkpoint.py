@@ -141,21 +141,24 @@ def write(state: dict, path: str, raw: bool = False, local: bool = False) -> Non
     dcp.save(state, storage_writer=writer, planner=save_planner(), no_dist=local)
 
 
-def read(state: dict, path: str, raw: bool = False, local: bool = False, parts: list[str] | None = None) -> None:
-    """DCP load into the tensors of `state`, in place (a collective; `local`: of this rank alone;
-    `parts`: from these subdirectories of `path`, each written by one rank alone, as one
-    checkpoint (runtime.rawfiles.PartsReader), with no collective)."""
-    import torch.distributed.checkpoint as dcp
+def reader(path: str, raw: bool = False, parts: list[str] | None = None):
+    """DCP's storage reader of `path`: its standard files, the scratch format (`raw`), or
+    `parts`: these subdirectories of `path`, each written by one rank alone, as one checkpoint
+    (runtime.rawfiles.PartsReader, read with no collective)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     from .rawfiles import PartsReader, RawReader
 
+    return PartsReader(path, parts) if parts is not None else (RawReader if raw else FileSystemReader)(path)
+
+
+def read(state: dict, storage, local: bool = False) -> None:
+    """DCP load from `storage` (a reader()) into the tensors of `state`, in place (a collective;
+    `local`: of this rank alone)."""
+    import torch.distributed.checkpoint as dcp
+
     _, load_planner = _planners()
-    if parts is not None:
-        reader, local = PartsReader(path, parts), True
-    else:
-        reader = (RawReader if raw else FileSystemReader)(path)
-    dcp.load(state, storage_reader=reader, planner=load_planner(), no_dist=local)
+    dcp.load(state, storage_reader=storage, planner=load_planner(), no_dist=local)
 
 
 def saved_keys(path: str) -> dict[str, tuple[int, ...] | None]:
@@ -201,7 +204,8 @@ def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
 
 def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False,
          local: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
-    """Read `path` into the current layout and optimizer, in place; a collective.
+    """Read `path` into the current layout and optimizer, in place; a collective (not with
+    `local` or `parts`, see reader).
 
     Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
     model. Without optimizer state in `path` the optimizer is left fresh (the caller makes a
@@ -213,11 +217,11 @@ def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bo
         found = problems(par, path)
         if found:
             raise CheckpointMismatch(path, found)
-    with_optim = any(k.startswith("optim.") for p in ([os.path.join(path, x) for x in parts] if parts else [path])
-                     for k in saved_keys(p))
+    storage = reader(path, raw, parts)
+    with_optim = any(k.startswith("optim.") for k in storage.read_metadata().state_dict_metadata)
     state, model_sd, optim_sd = live_state(par, optimizer, with_optim=with_optim)
     state["train.step"] = 0
-    read(state, path, raw, local, parts)
+    read(state, storage, local or parts is not None)
     if with_optim:
         set_state_dict(par.raw, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
                        options=_options())
@@ -238,8 +242,7 @@ def snapshot_dirs(folder: str) -> list[str]:
     for name in sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX)):
         path = os.path.join(folder, name)
         try:
-            with open(os.path.join(path, PLAN_FILE)) as f:
-                writers = json.load(f)["writers"]
+            writers = parts_info(path)["writers"]
         except (OSError, ValueError, KeyError):
             continue
         if all(os.path.isfile(os.path.join(_rank_dir(path, r), ".metadata")) for r in writers):
@@ -321,8 +324,7 @@ def load_parts(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
     """A directory write_parts wrote (under any plan) into this rank's layout, with no
     collective, DCP resharding where the layout differs (runtime.rawfiles.PartsReader): the
     layout that wrote it reads its replicas' parts, another layout every part."""
-    with open(os.path.join(path, PLAN_FILE)) as f:
-        info = json.load(f)
+    info = parts_info(path)
     ranks = _replica_ranks(par) if Plan.from_dict(info["plan"]).same_layout(par.plan) else info["writers"]
     parts = [os.path.basename(_rank_dir(path, r)) for r in ranks]
     return load(par, optimizer, path, check=False, raw=True, parts=parts)
@@ -337,10 +339,9 @@ def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
     if _rank() == 0:
         os.makedirs(folder, exist_ok=True)
-        names = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX))
-        earlier = [n for n in names if _snapshot_step(n) < step]
-        later = [n for n in names if _snapshot_step(n) > step]  # of a run that went back: dead
-        for old in earlier[:-1] + later:
+        drop_snapshots_after(folder, step)  # of a run that went back: dead
+        earlier = sorted(n for n in os.listdir(folder) if n.startswith(SNAPSHOT_PREFIX) and _snapshot_step(n) < step)
+        for old in earlier[:-1]:
             shutil.rmtree(os.path.join(folder, old), ignore_errors=True)
     write_parts(par, optimizer, path, step)
     return path
@@ -362,10 +363,15 @@ def _snapshot_step(name: str) -> int:
     return int(digits) if digits.isdigit() else 0
 
 
+def parts_info(path: str) -> dict[str, Any]:
+    """What rank 0 wrote of a write_parts directory: {plan (as a dict), writers}."""
+    with open(os.path.join(path, PLAN_FILE)) as f:
+        return json.load(f)
+
+
 def snapshot_plan(path: str) -> Plan:
     """The plan whose layout wrote snapshot `path`."""
-    with open(os.path.join(path, PLAN_FILE)) as f:
-        return Plan.from_dict(json.load(f)["plan"])
+    return Plan.from_dict(parts_info(path)["plan"])
 
 
 def _mesh_rank(coords: dict, shape: dict) -> int:

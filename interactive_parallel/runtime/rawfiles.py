@@ -110,8 +110,14 @@ class PartsReader(RawReader):
     def __init__(self, path: str, parts: list[str]):
         super().__init__(path)
         self.parts = list(parts)
+        self._merged = None
 
     def read_metadata(self, *args, **kwargs):
+        if self._merged is None:  # asked by the caller, then by DCP's load: read the parts once
+            self._merged = self._merge()
+        return self._merged
+
+    def _merge(self):
         import dataclasses
 
         from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata

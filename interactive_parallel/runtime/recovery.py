@@ -85,9 +85,9 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     step = 0
     if how == "kept":
         step = restore_kept(par, optimizer, st.extra.pop("kept"))
-    elif how == "snapshot":
-        step = _from_snapshot(par, optimizer, source)
     elif source is not None:
+        # a re-plan's parts or a snapshot's: written under any plan, each rank reads what its
+        # layout needs (DCP resharding where the plan has changed since, checkpoint.load_parts)
         step = load_parts(par, optimizer, source)["step"]
     if how == "carried":
         st.extra.pop("pending_state", None)
@@ -102,12 +102,3 @@ def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple
     st.optimizer, st.scaler, st.step = optimizer, make_scaler(plan), step
     return how, step
 
-
-def _from_snapshot(par, optimizer, source: str) -> int:
-    """Fill `par` from the snapshot at `source`; its step. Each rank's snapshot holds its own
-    shards of the layout that wrote it: when the plan has changed since (a re-plan with no
-    snapshot after it), every rank reads the parts of that layout it needs, DCP resharding
-    (checkpoint.load_parts)."""
-    from .checkpoint import load_parts
-
-    return load_parts(par, optimizer, source)["step"]
