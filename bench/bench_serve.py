@@ -39,12 +39,17 @@ def one_rank(reqs, max_batch: int) -> None:
     import torch
 
     from interactive_parallel.plan import PRESETS, Plan
+    from interactive_parallel.runtime.loop import long_call
     from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.serve import serve
+    from interactive_parallel.runtime.serve import serve as serve_on
 
     torch.set_num_threads(1)
     par = parallelize(PRESETS["tiny-llama"], Plan())
     kw = dict(reason="", max_batch=max_batch, kv_tokens=None, rank=0)
+
+    def serve(*args, **kwargs):
+        with long_call() as boundary:  # each call its own, as runtime.loop.serve gives it
+            return serve_on(*args, boundary=boundary, **kwargs)
     serve(par, reqs[:4], engine="ours", policy="continuous", **kw)  # warm
     cont = serve(par, reqs, engine="ours", policy="continuous", **kw)
     print("\none rank, tiny-llama (runtime.serve in this process)")

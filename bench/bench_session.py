@@ -8,7 +8,10 @@ Prints one table of medians and the ratios the README quotes:
 - a warm `apply(new plan)` + `train(steps=20)` against one `notebook_launcher` call that forks 4
   processes, rendezvouses, builds the same model shape and runs 20 DDP steps on the same batch
   (accelerate is needed for this row only: `pip install accelerate`; it is not a dependency);
-- a no-op call to every rank against bare ipyparallel `apply_sync`.
+- a no-op call to every rank against bare ipyparallel `apply_sync`;
+- the dp4 step against a plain DDP loop as a newcomer writes it (bench/_plain_ddp.py: no probes,
+  no records, no stop vote, the same batches made each step), with the probes on (the default)
+  and off (`set_probes(False)`), so the table says what the probes and the rest cost.
 
 Numbers move with machine load: run it on an otherwise idle machine, with several rounds (the
 three are measured one after another in each; a ratio is taken within a round).
@@ -60,6 +63,10 @@ def session_numbers(s: Session, plans: list[str], steps: int, repeats: int) -> d
         s.apply(Plan(**PLANS[name], **BATCH))
         out[f"step_{name}"] = train_step_s(s, steps, repeats) * 1e3
         out[f"step_{name}_nosnap"] = train_step_s(s, steps, repeats, snapshot_every=0) * 1e3
+        if name == "dp4":
+            s.set_probes(False)
+            out["step_dp4_noprobes"] = train_step_s(s, steps, repeats, snapshot_every=0) * 1e3
+            s.set_probes(True)
     # warm re-plan: the ranks hold a model under another plan; lay it out anew and train
     replans = []
     for _ in range(repeats):
@@ -85,7 +92,21 @@ def torchrun_numbers(ranks: int, plans: list[str], steps: int, repeats: int) -> 
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise RuntimeError(out.stderr[-3000:])
-    return {f"step_{k}": v * 1e3 for k, v in json.loads(lines[-1]).items()}
+    found = {f"step_{k}": v * 1e3 for k, v in json.loads(lines[-1]).items()}
+    if "dp4" in plans and ranks == 4:
+        found["step_plain_ddp"] = plain_ddp_ms(torchrun, env, steps, repeats)
+    return found
+
+
+def plain_ddp_ms(torchrun: Path, env: dict, steps: int, repeats: int) -> float:
+    spec = json.dumps({"steps": steps, "warmup": WARMUP, "repeats": repeats, **BATCH})
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node=4",
+                          str(Path(__file__).with_name("_plain_ddp.py")), spec],
+                         env=env, capture_output=True, text=True, timeout=900)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(out.stderr[-3000:])
+    return json.loads(lines[-1])["step_s"] * 1e3
 
 
 def _launched(config: dict, steps: int, batch: dict) -> None:
@@ -173,11 +194,15 @@ def main() -> None:
     print(f"{'':44s}{'Session':>10s}{'baseline':>10s}{'ratio':>8s}  baseline (each round's ratio)")
     rows = [(f"step in train(steps={args.steps}), {p}, ms", f"step_{p}", 2, "plain torchrun") for p in args.plans]
     rows += [(f"  the same, snapshot_every=0, {p}, ms", f"step_{p}_nosnap", 2, "plain torchrun") for p in args.plans]
+    if "dp4" in args.plans and args.ranks == 4:
+        rows += [(f"step in train(steps={args.steps}), dp4, ms", "step_dp4", "plain_ddp", "plain DDP loop"),
+                 ("  the same, probes off, no snapshots, ms", "step_dp4_noprobes", "plain_ddp", "plain DDP loop")]
     rows += [(f"warm apply + train(steps={args.steps}), s", "replan_train_s", 0, "notebook_launcher"),
              ("no-op call to all ranks, ms", "noop_ms", None, "ipyparallel apply_sync")]
     for label, key, side, what in rows:
         mine = [ours[key] for _, ours, _ in rounds]
-        base = [(r[side].get(key) if side is not None else r[1]["ipp_noop_ms"]) for r in rounds]
+        base = [(r[2].get("step_plain_ddp") if side == "plain_ddp" else r[side].get(key) if side is not None
+                 else r[1]["ipp_noop_ms"]) for r in rounds]
         ratios = [m / b for m, b in zip(mine, base) if b]
         b = statistics.median([x for x in base if x]) if any(base) else float("nan")
         ratio = f"{statistics.median(ratios):8.2f}" if ratios else f"{'-':>8s}"

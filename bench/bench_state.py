@@ -32,6 +32,7 @@ from pathlib import Path
 from interactive_parallel import Plan, Session
 from interactive_parallel.cluster.model_ops import SNAPSHOT_EVERY
 from interactive_parallel.runtime import api
+from interactive_parallel.records import ScratchLayout
 
 LLAMA_300M = dict(model_type="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                   num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=16,
@@ -88,9 +89,9 @@ def snapshot_numbers(s: Session, repeats: int) -> list[tuple]:
             s.apply(Plan(**fields, **BATCH))
             steps = s.train(steps=4, snapshot_every=0)
             step_s = statistics.median(r.time_s for r in steps if r.step > min(x.step for x in steps))
-            taken = [s.run(api.take_snapshot, s.model.scratch.path)[0] for _ in range(repeats)]
-            seconds = statistics.median(t["seconds"] for t in taken)
-            rows.append((model, name, seconds, taken[-1]["bytes"], step_s))
+            taken = [s.run(api.take_snapshot, ScratchLayout(s.model.scratch.path))[0] for _ in range(repeats)]
+            seconds = statistics.median(t.seconds for t in taken)
+            rows.append((model, name, seconds, taken[-1].bytes, step_s))
     return rows
 
 

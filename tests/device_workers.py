@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 import interactive_parallel.runtime as runtime_pkg
 from interactive_parallel.plan import PRESETS, Plan
+from interactive_parallel.records import GenerateOptions
 
 SMALL = dict(batch_size=8, seq_len=32)
 
@@ -85,14 +86,14 @@ def every_collective_on_the_group_device(rank: int, plans: list[dict]) -> dict:
             ran.append(("train", rec.loss))
             ran.append(("global_loss", global_loss(par, rec.loss)))
             ran.append(("verify", api.verify().ok))
-            ran.append(("generate", api.generate(["12+35="], 2, {}).texts))
+            ran.append(("generate", api.generate(["12+35="], 2, GenerateOptions()).texts))
             channel.set_stop_source(lambda: False)
             try:
                 ran.append(("agree_stop", channel.agree_stop(par.device)))
             finally:
                 channel.set_stop_source(None)
             ran.append(("doctor", doctor.check(nbytes=1 << 12).error))
-            ran.append(("carry", api.apply_plan(plan)["state"]))  # the same plan again, through DCP
+            ran.append(("carry", api.apply_plan(plan).state))  # the same plan again, through DCP
         out[plan.describe()] = ran
     state.get().reset_model()
     return out

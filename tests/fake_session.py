@@ -14,7 +14,7 @@ import threading
 import time
 import traceback
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from interactive_parallel.cluster.errors import RankError, SessionError
 from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
@@ -23,8 +23,9 @@ from interactive_parallel.plan.estimate import predict_memory
 from interactive_parallel.plan.inference import quantization_problems, request_problems, serving_engine
 from interactive_parallel.plan.virtual import DryRun, Simulated
 from interactive_parallel.records import (CommRecord, DecodeStep, MemoryRecord, ParamDiff, PipelineEvent,
-                                          QuantizeRecord, RankInfo, RecordList, Request, RequestRecord, ServeResult,
-                                          ShardRecord, StepRecord, TokenRecord, VerifyReport)
+                                          QuantizeRecord, RankInfo, RankPlace, RecordList, Request, RequestRecord,
+                                          ServeEngine, ServePolicy, ServeResult, ShardRecord, StepRecord, TokenRecord,
+                                          VerifyReport)
 
 WORLD = 4
 PARAMS = (("lm_head.weight", [128, 64]), ("model.embed_tokens.weight", [128, 64]))
@@ -58,8 +59,8 @@ class FakeSession:
     spec = property(lambda self: self._spec)
     plan = property(lambda self: self._plan)
     history = property(lambda self: self._telemetry.history)
-    ranks_info = property(lambda self: [dict(rank=r, host="hostA", pid=1000 + r, cores=2, cuda=0, engine_id=r,
-                                             local_rank=r) for r in range(self._world)])
+    ranks_info = property(lambda self: [RankPlace(rank=r, engine_id=r, host="hostA", pid=1000 + r, cores=2, cuda=0,
+                                                  local_rank=r) for r in range(self._world)])
 
     # ---- the model -----------------------------------------------------------------------------------
     def check_plan(self, plan: Plan) -> Plan:
@@ -149,7 +150,8 @@ class FakeSession:
                                          done=position == max_new_tokens - 1, time=time.time()))
         return texts
 
-    async def serve_async(self, requests: Any, *, engine: str = "auto", policy: str = "continuous",
+    async def serve_async(self, requests: Any, *, engine: ServeEngine | Literal["auto"] = "auto",
+                          policy: ServePolicy = "continuous",
                           max_batch: int = 8, kv_tokens: int | None = None,
                           on_token: Callable[[TokenRecord], None] | None = None,
                           on_request: Callable[[RequestRecord], None] | None = None,

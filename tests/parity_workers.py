@@ -6,6 +6,7 @@ returns plain tensors and numbers from rank 0 only. Knows nothing of pytest.
 from __future__ import annotations
 
 from interactive_parallel.plan import PRESETS, Plan
+from interactive_parallel.records import GenerateOptions
 
 
 def train_and_grads(spec, plan: Plan, steps: int) -> dict:
@@ -79,8 +80,8 @@ def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
     out = {}
     for fields in plans:
         api.apply_plan(Plan(**fields))
-        greedy = api.generate(PROMPTS, max_new_tokens, {})
-        sampled = api.generate(PROMPTS, max_new_tokens, {"do_sample": True, "top_k": 20, "seed": 3})
+        greedy = api.generate(PROMPTS, max_new_tokens, GenerateOptions())
+        sampled = api.generate(PROMPTS, max_new_tokens, GenerateOptions(do_sample=True, top_k=20, seed=3))
         par = state.get().parallel
         groups = [par.mesh[n].get_group() for n in par.mesh.mesh_dim_names]
         timeouts = [g._get_backend(torch.device("cpu")).options._timeout.total_seconds() for g in groups]
@@ -109,7 +110,7 @@ def oracle_group(rank: int, model_dirs: dict[str, str], plans: list[dict], max_n
         api.load_model(resolve_model(path))
         for fields in plans:
             api.apply_plan(Plan(**fields))
-            texts = api.generate(PADDED_PROMPTS, max_new_tokens, {}).texts
+            texts = api.generate(PADDED_PROMPTS, max_new_tokens, GenerateOptions()).texts
             parts: list = [None] * dist.get_world_size()
             dist.all_gather_object(parts, texts)
             merged = {i: t for part in parts for i, t in part.items()}

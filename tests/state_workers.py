@@ -7,6 +7,7 @@ from __future__ import annotations
 
 
 from interactive_parallel.plan import PRESETS, Plan
+from interactive_parallel.records import ScratchLayout
 
 
 def _global_losses(records) -> list[float]:
@@ -30,9 +31,9 @@ def continued_runs(rank: int, preset: str, pairs: list[tuple[dict, dict]], steps
         api.load_model(PRESETS[preset])
         api.apply_plan(Plan(**a))
         first = _global_losses(api.train(steps))
-        info = api.apply_plan(Plan(**b), scratch)
+        info = api.apply_plan(Plan(**b), ScratchLayout(scratch))
         runs["replanned"] = first + _global_losses(api.train(steps))
-        runs["state"], runs["step"] = info["state"], info["step"]
+        runs["state"], runs["step"] = info.state, info.step
         for which, fields in (("a", a), ("b", b)):
             api.load_model(PRESETS[preset])
             api.apply_plan(Plan(**fields))

@@ -1,5 +1,6 @@
-"""The house's shape, checked: no layer imports upward, every remote action of the Session has
-its blocking twin made one way, and every record survives its dict round trip."""
+"""The house's shape, checked: no layer imports upward, no module imports itself through others,
+every remote action of the Session has its blocking twin made one way, and every record
+survives its dict round trip."""
 from __future__ import annotations
 
 import ast
@@ -25,12 +26,16 @@ FORBIDDEN = {
 }
 
 
-def _imports(path: Path) -> set[str]:
-    """Top-level names imported by one file, package-relative names resolved against the package."""
+def _imports(path: Path, typing_only: bool = True) -> set[str]:
+    """Top-level names imported by one file, package-relative names resolved against the package.
+    typing_only=False leaves out the imports under `if TYPE_CHECKING:`, which never run."""
     rel = path.relative_to(PACKAGE.parent).with_suffix("")
     parts = list(rel.parts)
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    if not typing_only:
+        tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -60,6 +65,34 @@ def test_no_layer_imports_upward(layer):
             if _layer_of(name) in FORBIDDEN[layer]:
                 bad.append(f"{f.relative_to(PACKAGE)} imports {name}")
     assert not bad, "\n".join(bad)
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports at any level (function-level imports too);
+    a package's __init__ only re-exports, so edges into it are left out."""
+    modules = {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts): f for f in PACKAGE.rglob("*.py")
+               if f.name != "__init__.py"}
+    return {m: {n for n in _imports(f, typing_only=False) if n in modules and n != m} for m, f in modules.items()}
+
+
+def test_no_module_imports_itself_through_another():
+    graph, cycles = _module_graph(), []
+
+    def walk(node: str, path: list[str], on_path: set[str], done: set[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt in on_path:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]))
+            elif nxt not in done:
+                on_path.add(nxt)
+                walk(nxt, path + [nxt], on_path, done)
+                on_path.discard(nxt)
+        done.add(node)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start not in done:
+            walk(start, [start], {start}, done)
+    assert not cycles, "import circles:\n" + "\n".join(sorted(set(cycles)))
 
 
 def test_every_remote_action_has_one_body_and_a_blocking_twin():

@@ -5,8 +5,8 @@ with no session. The browser then presses every button the way a workshop would:
 ranks), Doctor, Load (tiny-llama), Apply (pp=2, so every view has something to draw), Train,
 a longer Train stopped with Stop while the figures update, Generate, Verify, Save, Load,
 Export, Serve, Quantize and Full precision, opens every tab, and finally stops the ranks from
-the Cluster section. Each result is
-checked in the DOM, and the error area stays empty. Screenshots of the panel in JupyterLab's
+the Cluster section. Each result is checked in the DOM, the error area stays empty, and no
+tab label or figure title shown is cut at its edge, in the light theme and the dark. Screenshots of the panel in JupyterLab's
 light and dark themes go to artifacts/panel-light.png and panel-dark.png (a failure's to
 artifacts/panel-failure.png). Helpers: tests/lab_harness.py.
 """
@@ -24,6 +24,7 @@ import pytest
 from lab_harness import ARGS, CHROMIUM, Lab, notebook_json, output_text, run_command, set_int, set_theme
 
 from conftest import assert_gone
+from interactive_parallel.widgets.views import tab_title
 
 pytestmark = pytest.mark.browser
 
@@ -35,7 +36,7 @@ CELLS = [
     # After Start: the pool's processes, so the test can check they are gone after Stop.
     "pool = p.session.ranks.pool\nprint('POOL-PIDS', json.dumps(pool.process_tree() + [pool._leash.pid]))",
     # Training ran as a task on the kernel's loop (cells and the Stop button stay served), not a thread.
-    "job = p.run_section.job\n"
+    "job = p.jobs.job\n"
     "print('JOB-MODE', 'none' if job is None else 'task' if job.task is not None else 'thread')\n"
     "if p.session is not None:\n    p.session.stop()\n"
     "print('SESSION-' + 'STOPPED')",
@@ -131,14 +132,14 @@ def test_every_button_of_the_panel_on_a_live_session():
 
                 # A longer run, stopped: the figures follow the steps while it runs (the pipeline
                 # tab's title names the step it draws), and Stop ends it early without an error.
-                panel.locator(".ip-views .lm-TabBar-tab", has_text="pipeline").click()
+                open_tab(panel, "pipeline")
                 title = panel.locator(".ip-pipeline-figure .gtitle")
                 expect(title).to_contain_text("bubble", timeout=30_000)
                 drawn = drawn_step(page)
                 set_int(panel, "ip-train-steps", 300)
                 click("ip-train-button")
                 wait_js(page, f"({DRAWN_STEP_JS})() > {drawn}", DRAWN_STEP_JS, 60_000)
-                panel.locator(".ip-views .lm-TabBar-tab", has_text="loss").click()  # drawn whole, then grows
+                open_tab(panel, "loss")  # drawn whole, then grows
                 wait_js(page, f"({LOSS_POINTS_JS})() >= 6", LOSS_POINTS_JS, 60_000)
                 wait_js(page, f"({LOSS_POINTS_JS})() > {page.evaluate(LOSS_POINTS_JS)}", LOSS_POINTS_JS, 60_000)
                 expect(panel.locator(".ip-train-button")).to_be_disabled()  # still training meanwhile
@@ -185,16 +186,18 @@ def test_every_button_of_the_panel_on_a_live_session():
                 mark("every button")
 
                 for tab, selectors in [*TABS.items(), (SHOWN_LAST, TABS[SHOWN_LAST])]:
-                    panel.locator(".ip-views .lm-TabBar-tab", has_text=tab).click()
+                    open_tab(panel, tab)
                     for selector in selectors:
                         expect(panel.locator(selector).first).to_be_visible(timeout=30_000)
                     expect(panel.locator(f".ip-{tab}-message")).not_to_contain_text("failed")
+                    nothing_cut(page)
                 no_error()
                 mark("every tab")
 
                 panel.screenshot(path=str(shots["light"]))
                 set_theme(page, "JupyterLab Dark")
                 check_dark(page)
+                nothing_cut(page)
                 panel.screenshot(path=str(shots["dark"]))
                 set_theme(page, "JupyterLab Light")
                 mark("screenshots")
@@ -245,6 +248,37 @@ LOSS_POINTS_JS = """() => {
     const trace = document.querySelector('.ip-loss-figure .scatterlayer .trace');
     return trace ? trace.querySelectorAll('.points path').length : 0;
 }"""
+
+
+CUT_JS = """() => {
+    const cut = [];
+    document.querySelectorAll('.ip-panel .ip-views > .lm-TabBar .lm-TabBar-tab').forEach((tab) => {
+        const label = tab.querySelector('.lm-TabBar-tabLabel') || tab;
+        const bar = tab.parentElement.parentElement.getBoundingClientRect();
+        const box = tab.getBoundingClientRect();
+        if (label.scrollWidth > label.clientWidth + 1 || box.right > bar.right + 1) cut.push('tab ' + label.textContent);
+    });
+    document.querySelectorAll('.ip-panel .ip-figure').forEach((figure) => {
+        const title = figure.querySelector('.gtitle');
+        const svg = figure.querySelector('.main-svg');
+        const frame = figure.getBoundingClientRect();
+        if (!title || !svg || frame.width === 0) return;  // a closed tab's figure
+        const right = Math.min(frame.right, svg.getBoundingClientRect().right);
+        const box = title.getBoundingClientRect();
+        if (box.left < frame.left - 1 || box.right > right + 1) cut.push('title ' + title.textContent);
+    });
+    return cut;
+}"""
+
+
+def open_tab(panel, name: str) -> None:
+    panel.locator(".ip-views .lm-TabBar-tab", has_text=tab_title(name)).click()
+
+
+def nothing_cut(page) -> None:
+    """No tab label and no title of a figure shown is cut at its edge (the figures are fitted to
+    their column a moment after a tab opens, hence the wait)."""
+    wait_js(page, f"({CUT_JS})().length === 0", CUT_JS, 15_000)
 
 
 def wait_js(page, condition: str, probe: str, timeout_ms: int) -> None:

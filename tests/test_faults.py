@@ -106,7 +106,7 @@ def _nothing_waits(s) -> None:
     assert not s.ranks.caller.pending
     pool = s.ranks.pool
     engines = {pid for pid in pool.engine_pids() if alive(pid)}
-    assert engines == {r["pid"] for r in s.ranks_info}, (engines, s.ranks_info)
+    assert engines == {r.pid for r in s.ranks_info}, (engines, s.ranks_info)
 
 
 def _next_call(s, call):
@@ -138,7 +138,7 @@ def test_fault_during_train(session, reference, plan, fault):
     resumed, next_s = _next_call(s, lambda: s.train(2, snapshot_every=2))
     _nothing_waits(s)
     first = 3 if KEPT[fault] == "kept" else 2
-    assert s.model.restored["state"] == KEPT[fault] and s.model.restored["step"] == first, s.model.restored
+    assert s.model.restored.state == KEPT[fault] and s.model.restored.step == first, s.model.restored
     losses = step_losses(resumed)
     assert sorted(losses) == [first, first + 1]
     assert all(abs(v - reference[k]) <= LOSS_TOL for k, v in losses.items()), (losses, reference)
@@ -156,7 +156,7 @@ def test_fault_during_generate(session, fault):
     _check_named(err, fault, victim, latency)
     after, next_s = _next_call(s, lambda: s.generate(PROMPTS, max_new_tokens=8))
     _nothing_waits(s)
-    assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == 2
+    assert s.model.restored.state == "snapshot" and s.model.restored.step == 2
     assert after == before
     MEASURED.append(dict(call="generate", plan=plan, fault=fault, where="step", named=err.ename, seconds=latency,
                          kept="snapshot", next_s=next_s))
@@ -178,7 +178,7 @@ def test_fault_during_serve(session, plan, engine, fault):
     _check_named(err, fault, victim, latency)
     after, next_s = _next_call(s, lambda: s.serve(_requests(), engine=engine))
     _nothing_waits(s)
-    assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == 2
+    assert s.model.restored.state == "snapshot" and s.model.restored.step == 2
     assert [r.text for r in after.requests] == [r.text for r in before.requests]
     MEASURED.append(dict(call=f"serve ({engine})", plan=plan, fault=fault, where="step", named=err.ename,
                          seconds=latency, kept="snapshot", next_s=next_s))

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import alive, live_session, until
 from interactive_parallel import Plan
-from interactive_parallel.cluster.model_ops import MANIFEST, CheckpointError
+from interactive_parallel.cluster.checkpoints import MANIFEST, CheckpointError
 from interactive_parallel.runtime import atomic_dir
 
 pytestmark = pytest.mark.faults

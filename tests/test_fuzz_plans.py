@@ -111,7 +111,7 @@ def test_random_plans_run_or_are_refused_untouched(monkeypatch):
     with live_session(4, snapshot_every=0) as s:
         s.load_model("tiny-llama")
         s.apply(Plan(dp=4, batch_size=8, seq_len=32))
-        pids = [r["pid"] for r in s.ranks_info]
+        pids = [r.pid for r in s.ranks_info]
         spy = _Spy(s, monkeypatch)
         for i in range(DRAWS):
             fields, knobs = _draw_plan(rng), _draw_knobs(rng)
@@ -124,7 +124,7 @@ def test_random_plans_run_or_are_refused_untouched(monkeypatch):
 
             if _attempt(spy, s, one_step, f"draw {i}: train(1, **{knobs}) under {s.plan}", tally):
                 assert len({r.step for r in s.history}) == step + 1
-        assert [r["pid"] for r in s.ranks_info] == pids, "an engine was restarted during the draws"
+        assert [r.pid for r in s.ranks_info] == pids, "an engine was restarted during the draws"
         monkeypatch.undo()
         # the next call works (from the seed again: large drawn learning rates may have left NaN weights)
         s.load_model("tiny-llama")

@@ -159,7 +159,7 @@ def test_checkpoint_loads_under_another_plan(replanned):
     r = replanned[0]
     assert _max(r["before"], r["changed"]) > 1e-3, "the training step did not change the weights"
     assert _max(r["before"], r["loaded"]) <= LOGIT_TOL
-    assert r["info"]["plan"] == "pp2xdp2"
+    assert r["info"].plan == "pp2xdp2"
 
 
 def test_verify_reports_parity(replanned):

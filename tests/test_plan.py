@@ -93,3 +93,57 @@ def test_same_layout_ignores_only_what_does_not_change_the_shards():
     assert plan.same_layout(plan.replace(batch_size=32, seq_len=16, grad_accum=2, lr=0.1, seed=7))
     assert not plan.same_layout(Plan(dp=4))
     assert not plan.same_layout(plan.replace(sequence_parallel=True))
+
+
+def test_field_choices_come_from_the_literal_types():
+    from interactive_parallel.plan.plan import (DEVICES, PP_SCHEDULES, PRECISIONS, RECOMPUTES, field_choices)
+    assert field_choices("device") == DEVICES == ("cpu", "cuda")
+    assert field_choices("precision") == PRECISIONS == ("fp32", "bf16", "fp16")
+    assert field_choices("pp_schedule") == PP_SCHEDULES and "interleaved-1f1b" in PP_SCHEDULES
+    assert field_choices("recompute") == RECOMPUTES == ("none", "selective", "full")
+    assert field_choices("dp") is None and field_choices("sequence_parallel") is None
+    assert field_choices("no_such_field") is None
+
+
+def test_field_docs_one_line_per_field():
+    import dataclasses
+
+    from interactive_parallel.plan.plan import field_docs
+    docs = field_docs()
+    assert set(docs) == {f.name for f in dataclasses.fields(Plan)}
+    assert docs["tp"] == "Tensor parallel: each weight matrix split across this many ranks."
+    assert "\n" not in docs["recompute"] and docs["recompute"].startswith("Activation recomputation")
+    assert field_docs() is docs
+
+
+def test_uses_ddp_only_for_pure_data_parallelism():
+    assert Plan(dp=4).uses_ddp and Plan(dp=2).uses_ddp
+    assert not Plan().uses_ddp and not Plan(dp=2, tp=2).uses_ddp and not Plan(dp=2, fsdp=2).uses_ddp
+    assert not Plan(fsdp=4).uses_ddp and not Plan(dp=2, pp=2).uses_ddp
+
+
+def _imports(path) -> set[str]:
+    """Modules of the package that the file at `path` imports, at any level (function bodies too)."""
+    import ast
+
+    package = ".".join(path.relative_to(path.parents[2]).with_suffix("").parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+            target = f"{base}.{node.module}" if node.module else base
+            out |= {target} | {f"{target}.{a.name}" for a in node.names}
+    return out
+
+
+def test_plan_and_serving_modules_import_no_circle():
+    """plan.activations and plan.estimate share plan.inventory; runtime.serve and
+    runtime.serve_transformers share runtime.serve_records: neither of a pair imports the other back."""
+    import pathlib
+
+    import interactive_parallel
+    root = pathlib.Path(interactive_parallel.__file__).parent
+    files = [*root.joinpath("plan").glob("*.py"), *root.joinpath("runtime").glob("serve*.py")]
+    graph = {f"interactive_parallel.{f.parent.name}.{f.stem}": _imports(f) for f in files if f.stem != "__init__"}
+    circles = sorted((a, b) for a in graph for b in graph[a] if b in graph and a in graph[b] and a < b)
+    assert circles == []

@@ -194,7 +194,7 @@ def test_killed_rank_is_named_and_replaced():
         s.apply(Plan(dp=2, batch_size=4, seq_len=16))
         s.train(steps=2, snapshot_every=1)  # the snapshot the replacement resumes from
         before = s.run(api.full_state_dict)[0]["lm_head.weight"]
-        victim = s.ranks_info[1]["pid"]
+        victim = s.ranks_info[1].pid
         with pytest.raises(RankError) as exc:
             s.run(os.kill, victim, signal.SIGKILL)
         assert exc.value.rank == 1
@@ -205,7 +205,7 @@ def test_killed_rank_is_named_and_replaced():
         with pytest.warns(UserWarning, match=r"rank\(s\) \[1\] died"):
             weights = s.run(api.full_state_dict)
         assert all(torch.equal(w["lm_head.weight"], before) for w in weights)  # from the snapshot, on both
-        assert victim not in [r["pid"] for r in s.ranks_info]
+        assert victim not in [r.pid for r in s.ranks_info]
         assert len(s.train(steps=1)) == 2
 
 

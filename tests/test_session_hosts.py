@@ -51,7 +51,7 @@ def test_every_socket_of_a_local_session_listens_on_loopback(session2):
     assert len([1 for pid, _, _ in socks if pid in engines]) >= len(engines) + 1  # and rank 0's store
     others = [sock for sock in socks if sock[1] != "127.0.0.1"]
     assert not others, f"listening beyond loopback: {others}"
-    assert {(r["interface"], r["address"]) for r in s.ranks_info} == {(net.interface_of("127.0.0.1"), "127.0.0.1")}
+    assert {(r.interface, r.address) for r in s.ranks_info} == {(net.interface_of("127.0.0.1"), "127.0.0.1")}
 
 
 def test_connection_files_are_the_owners_and_messages_are_signed(session2):
@@ -104,7 +104,7 @@ def test_a_rank_clock_that_is_off_is_measured_and_corrected(session2):
 def test_named_interface_binds_there_and_an_unknown_one_is_refused_before_rendezvous():
     lo = net.interface_of("127.0.0.1")
     with Session(ranks=2, interface=lo) as s:
-        assert {r["interface"] for r in s.ranks_info} == {lo}
+        assert {r.interface for r in s.ranks_info} == {lo}
         assert all(r.all_reduce_ok and r.interface == lo for r in s.doctor())
     with pytest.raises(SessionError, match=rf"interface 'nope0' has no IPv4 address on rank 0 .*{lo}"):
         Session(ranks=2, interface="nope0")

@@ -13,6 +13,8 @@
   single-process run's; switching debug mode (another re-formed group) keeps them too.
 - A model predicted not to fit the ranks' memory is refused before anything is loaded,
   naming predicted and available bytes; the ranks keep their model and weights.
+- The pool's controller SIGKILLed during train: the call fails within CONTROLLER_REPORT_S
+  naming it; the next call starts a new pool and resumes from the newest snapshot at parity.
 - Stopping the session removes its scratch directory and the leash that guards it.
 """
 from __future__ import annotations
@@ -46,6 +48,18 @@ def session():
         yield s
 
 
+def killer(pid: int, at: int = KILL_AT):
+    """An on_step that SIGKILLs `pid` once step `at` is complete, and the list of when it did."""
+    killed: list[float] = []
+
+    def on_step(records):
+        if records[0].step == at and not killed:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(time.monotonic())
+
+    return on_step, killed
+
+
 @pytest.fixture(scope="module")
 def reference():
     """Per-step losses of 20 steps in one process (the parity tests tie every plan to it)."""
@@ -59,14 +73,8 @@ def test_killed_rank_is_named_and_training_resumes_from_the_snapshot(session, re
     s = session
     s.load_model("tiny-llama")
     s.apply(Plan(**fields, **BATCH))
-    pid = s.ranks_info[VICTIM]["pid"]
-    killed: list[float] = []
-
-    def on_step(records):
-        if records[0].step == KILL_AT and not killed:
-            os.kill(pid, signal.SIGKILL)
-            killed.append(time.monotonic())
-
+    pid = s.ranks_info[VICTIM].pid
+    on_step, killed = killer(pid)
     with pytest.raises(RankError) as exc:
         s.train(steps=20, snapshot_every=every, on_step=on_step)
     reported = time.monotonic() - killed[0]
@@ -74,10 +82,36 @@ def test_killed_rank_is_named_and_training_resumes_from_the_snapshot(session, re
     assert reported <= KILL_REPORT_S, reported
     with pytest.warns(UserWarning, match=rf"rank\(s\) \[{VICTIM}\] died"):
         resumed = s.train(steps=4, snapshot_every=every)
-    assert pid not in [r["pid"] for r in s.ranks_info]
+    assert pid not in [r.pid for r in s.ranks_info]
     first = min(r.step for r in resumed)
-    assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == first
+    assert s.model.restored.state == "snapshot" and s.model.restored.step == first
     assert first % every == 0 and KILL_AT + 1 - every < first <= KILL_AT + 4, first
+    for step, loss in step_losses(resumed).items():
+        assert abs(loss - reference[step]) <= LOSS_TOL, (step, loss, reference[step])
+
+
+CONTROLLER_REPORT_S = 5.0
+
+
+def test_a_killed_controller_is_named_at_once_and_the_next_call_resumes_in_a_new_pool(session, reference):
+    """The local ipyparallel controller is the session's own child: killed during a train call,
+    the call fails within seconds naming it (not after the call's timeout, blaming a collective),
+    and the next call starts a pool of the same size and resumes from the newest snapshot."""
+    s = session
+    s.load_model("tiny-llama")
+    s.apply(Plan(dp=4, **BATCH))
+    controller = s.ranks.pool.controller_pid()
+    engines = {r.pid for r in s.ranks_info}
+    on_step, killed = killer(controller)
+    with pytest.raises(RankError) as exc:
+        s.train(steps=20, snapshot_every=3, on_step=on_step)
+    assert exc.value.ename == "ControllerDied" and f"pid {controller}" in str(exc.value), str(exc.value)[:500]
+    assert time.monotonic() - killed[0] <= CONTROLLER_REPORT_S
+    with pytest.warns(UserWarning, match="controller died"):
+        resumed = s.train(steps=2, snapshot_every=0)
+    assert s.ranks.pool.controller_pid() != controller and not engines & {r.pid for r in s.ranks_info}
+    first = min(r.step for r in resumed)
+    assert s.model.restored.state == "snapshot" and s.model.restored.step == first and first % 3 == 0
     for step, loss in step_losses(resumed).items():
         assert abs(loss - reference[step]) <= LOSS_TOL, (step, loss, reference[step])
 
@@ -92,7 +126,7 @@ def test_a_rank_dead_after_a_replan_resumes_from_the_snapshot_of_the_plan_before
     s.train(steps=3, snapshot_every=3)  # the snapshot: step 3, under dp4
     s.train(steps=2, snapshot_every=0)
     s.apply(Plan(dp=2, tp=2, **BATCH))
-    pid = s.ranks_info[VICTIM]["pid"]
+    pid = s.ranks_info[VICTIM].pid
 
     def on_step(records):  # killed inside a call: named by it, whenever the pool notices
         os.kill(pid, signal.SIGKILL)
@@ -102,7 +136,7 @@ def test_a_rank_dead_after_a_replan_resumes_from_the_snapshot_of_the_plan_before
     assert exc.value.rank == VICTIM, str(exc.value)[:500]
     with pytest.warns(UserWarning, match=rf"rank\(s\) \[{VICTIM}\] died"):
         resumed = s.train(steps=2, snapshot_every=0)
-    assert s.model.restored["state"] == "snapshot" and s.model.restored["step"] == 3
+    assert s.model.restored.state == "snapshot" and s.model.restored.step == 3
     assert s.plan.describe() == "dp2xtp2" and {r.plan for r in resumed} == {"dp2xtp2"}
     losses = step_losses(resumed)
     assert sorted(losses) == [3, 4]
@@ -149,13 +183,13 @@ def test_a_failed_collective_keeps_weights_optimizer_and_step(reference):
         with pytest.raises(RankError):
             s.run(_fail_on_rank_1)
         resumed = s.train(steps=3)
-        assert s.model.restored["state"] == "kept" and s.model.restored["step"] == 3
+        assert s.model.restored.state == "kept" and s.model.restored.step == 3
         losses = step_losses(resumed)
         assert sorted(losses) == [3, 4, 5]
         assert all(abs(loss - reference[step]) <= LOSS_TOL for step, loss in losses.items()), losses
         before = s.run(api.full_state_dict)[0]
         s.set_debug(True)  # another re-formed group: the same shards kept
         after = s.run(api.full_state_dict)[0]
-        assert s.model.restored["state"] == "kept"
+        assert s.model.restored.state == "kept"
         assert all(torch.equal(after[k], v) for k, v in before.items())
         s.set_debug(False)

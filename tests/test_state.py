@@ -52,10 +52,11 @@ def continued(tmp_path_factory):
 @pytest.mark.parametrize("pair", LLAMA_PAIRS + GPT2_PAIRS, ids=lambda p: f"{p[0]}->{p[1]}")
 def test_replan_carries_weights_optimizer_and_step(continued, pair):
     from interactive_parallel.plan import Plan
+    from interactive_parallel.records import RestoreSource
 
     label = f"{Plan(**pair[0]).describe()}->{Plan(**pair[1]).describe()}"
     r = continued[label]
-    assert r["state"] == "carried" and r["step"] == STEPS
+    assert r["state"] is RestoreSource.CARRIED and r["step"] == STEPS
     for alone in ("a", "b"):
         worst = max(abs(x - y) for x, y in zip(r["replanned"], r[alone]))
         assert len(r["replanned"]) == 2 * STEPS and worst <= LOSS_TOL, (label, alone, r["replanned"], r[alone])
@@ -71,9 +72,13 @@ def round_trip(tmp_path_factory):
 
 
 def test_checkpoint_carries_optimizer_and_step_across_plans(round_trip):
+    from interactive_parallel.records import SaveInfo
+
     r = round_trip
-    assert r["info_save"]["optimizer"] and r["info_save"]["step"] == STEPS
-    assert r["info_load"]["optimizer"] and r["info_load"]["step"] == STEPS and r["info_load"]["plan"] == "pp2xdp2"
+    saved, loaded = r["info_save"], r["info_load"]
+    assert isinstance(saved, SaveInfo) and isinstance(loaded, SaveInfo)
+    assert saved.optimizer and saved.step == STEPS
+    assert loaded.optimizer and loaded.step == STEPS and loaded.plan == "pp2xdp2"
     worst = max(abs(x - y) for x, y in zip(r["after_save"], r["after_load"]))
     assert worst <= LOSS_TOL, (r["after_save"], r["after_load"])
 

@@ -366,3 +366,51 @@ def test_interleaved_bubble_is_counted_per_rank():
     assert bubble_fractions(ev) == pytest.approx({0: 0.0})
     assert bubble_fractions(ev, by="stage") == pytest.approx({0: 0.5, 2: 0.5})
     assert "bubble 0.0%" in pipeline_figure(ev).layout.title.text
+
+
+# ---------------------------------------------------------------- titles that fit
+
+def title_lines_of(fig: go.Figure) -> list[str]:
+    """The title's lines as they are drawn (a '<br>' starts a line; other tags draw nothing)."""
+    import re
+
+    return [re.sub(r"<[^>]+>", "", line) for line in (fig.layout.title.text or "").split("<br>")]
+
+
+def many_ranks_events() -> list[PipelineEvent]:
+    """8 ranks over 2 stages (dp4 beside pp2): the idle share of every rank could not fit a line."""
+    return [PipelineEvent(rank=4 * stage + d, step=0, stage=stage, microbatch=0, action="F",
+                          start=stage + 0.1 * d, end=stage + 1) for stage in range(2) for d in range(4)]
+
+
+def long_param_shards() -> list[ShardRecord]:
+    name = "model.layers.11.self_attn.q_proj.weight"
+    return [ShardRecord(param=name, rank=r, global_shape=[64, 64], local_shape=[32, 64],
+                        index=[[32 * r, 32 * r + 32], [0, 64]], placements=["Shard(dim=0)"], mesh_axes=["tp"],
+                        coords={"tp": r}, stage=0) for r in range(2)]
+
+
+def test_every_title_fits_the_narrowest_figure_in_lines_of_title_chars():
+    from interactive_parallel.plan import Plan
+    from interactive_parallel.viz import TITLE_CHARS, mesh_figure, title_with
+    from interactive_parallel.viz._common import TITLE_LINE_PX, TITLE_SIZE, TITLE_TOP_PX
+
+    figures = [func(make()) for func, make in FIGURES] + [func(None) for func, _ in FIGURES] + [
+        comm_matrix_figure([CommRecord(rank=r, step=0, op="all_reduce", bytes=10 * MiB, axis="dp_fsdp",
+                                       group=list(range(64))) for r in range(64)]),
+        pipeline_figure(many_ranks_events()), sharding_figure(long_param_shards()),
+        mesh_figure(Plan(dp=16, tp=8, pp=8), shards=long_param_shards(), param=long_param_shards()[0].param,
+                    comms=[CommRecord(rank=0, step=0, op="all_reduce", bytes=8, axis="tp", group=list(range(8)))],
+                    source="dry run")]
+    for fig in figures:
+        lines = title_lines_of(fig)
+        assert lines[0] and all(len(line) <= TITLE_CHARS for line in lines), lines
+        assert fig.layout.title.font.size == TITLE_SIZE and fig.layout.title.yanchor == "bottom"
+        assert fig.layout.margin.t >= TITLE_TOP_PX + TITLE_LINE_PX * len(lines)  # the plot area starts below it
+        labelled = title_with(fig.layout.title.text, "(dry run)")
+        assert labelled.endswith("(dry run)") and all(len(line) <= TITLE_CHARS for line in labelled.split("<br>"))
+    # a part that fits a line is never cut, and nothing is lost when breaking one that does not
+    mesh = title_lines_of(figures[-1])
+    assert any(line.startswith("1024 ranks (pp 8 x dp 16 x tp 8);") for line in mesh), mesh
+    assert "model.layers.11.self_attn.q_proj.weight" in title_lines_of(figures[-2])
+    assert "(idle per rank 50% to 65%)" in " ".join(title_lines_of(pipeline_figure(many_ranks_events())))

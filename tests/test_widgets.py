@@ -27,6 +27,7 @@ from interactive_parallel.widgets import Panel, panel
 from interactive_parallel.widgets import cluster as cluster_mod
 from interactive_parallel.widgets import planner as planner_mod
 from interactive_parallel.widgets._common import refresh
+from interactive_parallel.widgets.events import JobEnded, JobKind
 from interactive_parallel.widgets.fit import FitFigures
 
 
@@ -191,6 +192,65 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     assert p.views.loss.layout.width == 612 and p.views.loss.data
 
 
+@pytest.mark.pure
+def test_tab_labels_and_every_figure_title_fit_their_width():
+    from interactive_parallel.viz import TITLE_CHARS, TITLE_FITS_PX
+    from interactive_parallel.widgets import views as views_mod
+
+    s, p = laid_out()
+    v = p.views
+    assert len(v.tab.titles) == len(views_mod.TABS) and all(len(t) <= views_mod.TAB_CHARS for t in v.tab.titles)
+    # side by side only while each keeps the width a title line fits
+    grid = v.pages["communication"].children[1]
+    assert f"{TITLE_FITS_PX}px" in grid.layout.grid_template_columns and "auto-fit" in grid.layout.grid_template_columns
+
+    def titles() -> dict[str, list[str]]:
+        shown = {**v.figures, "ip-mesh-figure": p.plan_section.dry.mesh}
+        return {cls: re.sub(r"<(?!br>)[^>]+>", "", w.layout.title.text or "").split("<br>") for cls, w in shown.items()}
+
+    def check() -> None:
+        for cls, lines in titles().items():
+            assert lines[0] and all(len(line) <= TITLE_CHARS for line in lines), (cls, lines)
+
+    check()
+    p.plan_section.fields["dp"].value, p.plan_section.fields["pp"].value = 2, 2
+    p.plan_section.fields["microbatches"].value = 2
+    p.plan_section.apply.click()
+    p.train(2).wait(10)
+    p.generate("abc").wait(10)
+    p.serve(3).wait(10)
+    p.quantize("int8-weight-only")
+    for tab in range(len(views_mod.TABS)):
+        v.tab.selected_index = tab
+    assert p.error_text == "" and len(titles()["ip-pipeline-figure"]) >= 2  # the bubble and each rank's idle
+    check()
+    p.plan_section.dry.switch.value = True
+    p.plan_section.dry.run.click()
+    for tab in (1, 2, 3):
+        v.tab.selected_index = tab
+    assert titles()["ip-memory-figure"][-1].endswith("(dry run)")
+    check()
+
+
+@pytest.mark.pure
+def test_only_the_panel_knows_the_sections():
+    """A section gets what it needs at construction and raises events; none imports another."""
+    import ast
+    import pathlib
+
+    from interactive_parallel import widgets
+
+    root = pathlib.Path(widgets.__file__).parent
+    sections = {"cluster", "planner", "run", "serve", "views"}
+    for path in root.glob("*.py"):
+        if path.stem in ("panel", "__init__"):
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+        assert not imported & sections, f"{path.name} imports the section {imported & sections}"
+        assert "Panel" not in path.read_text(), f"{path.name} names the Panel"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaterPlan(Plan):
     """A Plan with fields a later issue might add."""
@@ -274,7 +334,7 @@ def test_plan_section_draws_the_mesh_of_the_plan_being_edited():
 def test_the_mesh_of_the_applied_plan_shows_what_the_ranks_measured():
     s, p = laid_out()
     p.train(2).wait(5)
-    p.notify("trained")
+    p.notify(JobEnded(JobKind.TRAIN))
     mesh = p.plan_section.dry.mesh
     assert "(live)" in mesh.layout.title.text and "measured:" in mesh.data[0].customdata[0][1]
     assert [t.name.split(":")[0] for t in mesh.data[1:]] == ["dp"]  # the fake's all_reduce per step

@@ -24,8 +24,8 @@ Submitted = list[tuple[int, Any]]
 
 POLL_S = 0.05
 """How often a streaming call looks for new records: ranks send them at most every 0.1 s
-(engine_side.PUBLISH_S); polling every 0.02 s cost the client 0.5 ms more CPU a dp=4 step,
-CPU its ranks share on a small machine."""
+(engine_side.PUBLISH_S), so polling faster only spends client CPU that the ranks share on a
+small machine."""
 DEATH_POLL_S = 0.1
 """How often a waiting call asks whether a rank's process is gone (a few process-table reads)."""
 PEER_GRACE_S = 0.2

@@ -1,17 +1,19 @@
 """What the client installs inside each ipyparallel engine, and what only the engine knows.
 
-Owns how runtime.channel talks to the client through ipyparallel's own machinery, and the
+Owns the names a %%px cell finds on every rank, the folders put on the engines' sys.path for
+functions shipped from local files, how runtime.channel talks to the client through ipyparallel's own machinery, and the
 controller address this engine registered with (the rendezvous is chosen on the interface
 that reaches it). Records go out with `publish_data`, each under a fresh sequence-number
 key, so the task's `data` on the client accumulates them in order (calls.RankCaller.stream
-reads them). One publish costs ~0.5 ms of the engine's CPU and as much again in the client
-and the controller (measured: streaming every step of a 40 ms dp=4 step on 2 cores made it
-7 % slower), so records close together travel together: the first after a pause goes at
-once, the rest at most every PUBLISH_S, and whatever is held leaves when the call ends
-(runtime.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
+reads them). Every publish costs CPU in the engine, the controller and the client, CPU a
+small machine's ranks share with their steps (bench/bench_session.py), so records close
+together travel together: the first after a pause goes at once, the rest at most every
+PUBLISH_S, and whatever is held leaves when the call ends (runtime.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
 is running: the engine's control thread (which serves while the task runs) adds its message
 id to the kernel's `aborted` set, and the stop source finds it there at the next boundary.
-Runs on engines only; the client imports this module just to name the functions it ships.
+Runs on engines, but for `folder_to_import`, which the client asks before it ships a
+function from a local file; otherwise the client imports this module just to name the
+functions it ships.
 """
 from __future__ import annotations
 
@@ -70,3 +72,44 @@ def controller_address() -> str:
     if not IPEngine.initialized():
         raise RuntimeError("not an ipyparallel engine: no controller address")
     return urlsplit(IPEngine.instance().registration_url).hostname
+
+
+IMPORTABLE = {"interactive_parallel", "torch", "transformers"}
+"""Top-level packages every engine imports already: functions from them need no sys.path entry."""
+
+
+def folder_to_import(fn) -> str | None:
+    """The folder a function's module must be imported from on the ranks, when they cannot
+    import it already: a local script or test file (a notebook's own functions travel by value;
+    the standard library and IMPORTABLE are there)."""
+    import os
+    import sys
+
+    module = sys.modules.get(getattr(fn, "__module__", "") or "")
+    path = getattr(module, "__file__", None)
+    if module is None or module.__name__ == "__main__" or not path:
+        return None
+    top = module.__name__.split(".")[0]
+    if top in sys.stdlib_module_names or top in IMPORTABLE:
+        return None
+    return os.path.dirname(os.path.abspath(path))
+
+
+def add_sys_path(folder: str) -> None:
+    import sys
+
+    if folder not in sys.path:
+        sys.path.append(folder)
+
+
+def define_px_names() -> None:
+    """Names a %%px cell finds ready on every rank: torch, dist, rank, world_size, local_rank."""
+    import torch
+    import torch.distributed as dist
+    from IPython import get_ipython
+
+    from interactive_parallel.runtime import state
+
+    st = state.get()
+    get_ipython().user_ns.update(torch=torch, dist=dist, rank=st.rank, world_size=st.world_size,
+                                 local_rank=st.local_rank)

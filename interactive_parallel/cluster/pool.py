@@ -1,7 +1,7 @@
 """Rank pools: a local ipyparallel cluster this process starts and owns, or one attached to.
 
-Owns starting the controller and engines (fast heartbeat so engines are reported in
-~2 s, not ~6.6 s), the leash process that stops them if this process dies, and a stop
+Owns starting the controller and engines (a fast heartbeat, so engines are reported soon
+after they start), the leash process that stops them if this process dies, and a stop
 that leaves no process, port or connection file behind. A local pool is this user's
 alone: its controller listens on 127.0.0.1 only, its profile directory (connection files,
 logs) is readable by its owner only, and ipyparallel's HMAC message signing stays on (the
@@ -22,8 +22,8 @@ import tempfile
 import time
 
 # Controller heartbeat period: ipyparallel reports engines only after a heart-monitor
-# beat (3000 ms default). 200 ms took pool start from ~6.6 s to ~2.4 s on 2 cores
-# (measured), and it also detects dead engines sooner.
+# beat (3000 ms by default), so a short period starts a pool several times sooner
+# (bench/bench_session.py) and also detects dead engines sooner.
 HEARTBEAT_MS = 200
 SHUTDOWN_GRACE_S = 3.0
 
@@ -45,6 +45,10 @@ class Pool:
 
     def pids(self) -> list[int]:
         return []
+
+    def controller_pid(self) -> int | None:
+        """The controller's process, when it is ours (None: someone else's cluster)."""
+        return None
 
 
 class AttachedPool(Pool):
@@ -181,6 +185,11 @@ class LocalPool(Pool):
                 out.append(int(pid))
         return out + [z.pid for z in self._zygotes]
 
+    def controller_pid(self) -> int | None:
+        controller = self.cluster.controller if getattr(self, "cluster", None) else None
+        pid = getattr(controller, "pid", None)
+        return int(pid) if pid else None
+
     def engine_pids(self) -> list[int]:
         import psutil
 
@@ -300,8 +309,8 @@ def _wait_gone(pids: list[int], timeout: float) -> None:
 
 
 def process_gone(pid: int) -> bool:
-    """The process has ended (or is a zombie nobody reaped yet). Asked before every call: one
-    read of /proc/<pid>/stat where there is one (12 us against psutil's 39 us a rank)."""
+    """The process has ended (or is a zombie nobody reaped yet). Asked before every call, so it
+    is one read of /proc/<pid>/stat where there is one (cheaper than psutil's process object)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

@@ -23,7 +23,7 @@ POLL_S = 0.25
 GRACE_S = 0.5
 """SIGTERM, then SIGKILL after this long. Short: an engine busy in a step (or blocked in a
 collective) runs ipyparallel's SIGTERM handler only when the step ends, and a kernel's death
-takes its pool with it within 2 s (tests/test_faults_kernel.py measures it)."""
+takes its pool with it soon (tests/test_faults_kernel.py holds it to a limit)."""
 WAIT_S = 10.0
 """How long to outwait the processes a state file says may still write into its paths."""
 

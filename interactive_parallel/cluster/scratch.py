@@ -5,8 +5,9 @@ host's tmpfs (/dev/shm, else the system's temporary directory), which outlives a
 rank process on the same host, removed when the session stops; and a leash (the pool's
 watcher, cluster/reaper.py, with a state file of its own) that removes it if this client
 process dies first. A directory the user gives (`Session(state_dir=...)`, e.g. a shared
-file system for ranks on several hosts) is used as it is and never removed. Knows
-nothing of what the ranks write there (runtime/checkpoint.py) or of torch.
+file system for ranks on several hosts) is used as it is and never removed; and whether
+every rank reads it. Its parts are named once, in records.ScratchLayout. Knows nothing of
+what the ranks write there (runtime/checkpoint.py) or of torch.
 """
 from __future__ import annotations
 
@@ -15,6 +16,13 @@ import os
 import shutil
 import subprocess
 import tempfile
+from typing import TYPE_CHECKING
+
+from ..records import ScratchLayout
+from .errors import SessionError
+
+if TYPE_CHECKING:
+    from .rankset import RankSet
 
 
 def default_base() -> str:
@@ -30,6 +38,8 @@ class Scratch:
         self._leash: subprocess.Popen | None = None
         self._leash_file: str | None = None
         self._watched: list[int] = []
+        self._seen: dict[tuple, bool] = {}
+        """(path, engine ids) -> whether every rank reads files there."""
 
     @property
     def path(self) -> str:
@@ -65,6 +75,40 @@ class Scratch:
 
     def pids(self) -> list[int]:
         return [self._leash.pid] if self._leash is not None else []
+
+    async def shared(self, ranks: "RankSet") -> ScratchLayout | None:
+        """The directory's layout when every rank can read it, else None. Ranks on one host
+        share it; ranks on several hosts are asked (once per rank set; the caller has
+        `require`d them) whether they see a file written there now (a shared file system, or
+        hosts that are one machine)."""
+        layout = ScratchLayout(self.path)
+        if ranks.owned:  # its leash outwaits the writers
+            self.watch(ranks.local_pids())
+        hosts = {p.host for p in ranks.places}
+        if len(hosts) <= 1:
+            return layout
+        key = (layout.root, tuple(p.engine_id for p in ranks.places))
+        if key not in self._seen:
+            with open(layout.shared_token, "w") as f:
+                f.write("scratch")
+            self._seen[key] = all(await ranks.call(os.path.isfile, (layout.shared_token,), what="scratch check"))
+        return layout if self._seen[key] else None
+
+    async def for_replan(self, ranks: "RankSet") -> ScratchLayout:
+        """The layout a re-plan moves the state through, or SessionError when the ranks' hosts
+        do not share the directory."""
+        layout = await self.shared(ranks)
+        if layout is None:
+            hosts = sorted({p.host for p in ranks.places})
+            raise SessionError(f"the ranks run on {len(hosts)} hosts ({', '.join(hosts)}) that do not share "
+                               f"{self.path}: a re-plan moves the state through files every rank reads; "
+                               "pass Session(state_dir=<a path on a file system they share>)")
+        return layout
+
+    def forget_snapshots(self) -> None:
+        """Remove the snapshots (they belong to the model trained so far)."""
+        if self.created:
+            shutil.rmtree(ScratchLayout(self.path).snapshots, ignore_errors=True)
 
     def close(self) -> None:
         """Remove the directory (unless the user gave it) and stop its leash."""

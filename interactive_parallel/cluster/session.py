@@ -1,9 +1,10 @@
 """Session: the client's handle on a pool of ranks, from a notebook, a script or the CLI.
 
 Owns the public surface and nothing behind it: a Session composes the rank set (engines,
-process group, calls, recovery: cluster/rankset.py), the telemetry store (every record the
-ranks sent: cluster/telemetry.py) and the model operations (cluster/model_ops.py), and
-declares every attribute in one place. Each remote action is written once as a coroutine
+process group, calls: cluster/rankset.py), built with its recovery collaborator
+(cluster/recovery.py), the telemetry store (every record the ranks sent:
+cluster/telemetry.py) and the model operations (cluster/model_ops.py), and declares every
+attribute in one place. Each remote action is written once as a coroutine
 `name_async`; its blocking twin `name` (what workshops type) is made by `blocking_twins`.
 Bad input is refused before any rank is touched. Never imports torch or widgets: a kernel
 that only drives ranks stays light, and the panel is `interactive_parallel.panel(session)`.
@@ -13,16 +14,20 @@ from __future__ import annotations
 import asyncio
 import atexit
 import weakref
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Literal, Sequence
 
 from ..plan import ModelSpec, Plan
 from ..plan.virtual import DryRun
-from ..records import (DecodeStep, FaultSpec, RecordList, RequestRecord, ServeResult, StepRecord, TokenRecord,
-                       VerifyReport)
+from ..records import (DecodeStep, FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, RequestRecord,
+                       ServeEngine, ServeOptions, ServePolicy, ServeResult, StepRecord, TokenRecord, VerifyReport)
+from .checks import check_session_args
+from .clocks import CLOCK_COLUMNS
 from .errors import SessionError
 from .model_ops import SNAPSHOT_EVERY, ModelOps
 from .pool import AttachedPool, LocalPool, Pool
-from .rankset import CLOCK_COLUMNS, RankSet
+from .rankset import RankSet
+from .recovery import ModelState, Recovery
+from .scratch import Scratch
 from .telemetry import MEMORY_COLUMNS, Telemetry
 from .twins import blocking_twins, run_sync
 
@@ -58,21 +63,14 @@ class Session:
         files (re-plans, snapshots); default a directory on this host's tmpfs, removed at stop;
         ranks on several hosts need a path they all share.
         """
-        if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
-            raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
-        if interface is not None and (not isinstance(interface, str) or not interface.strip()):
-            raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
-        if not isinstance(snapshot_every, int) or isinstance(snapshot_every, bool) or snapshot_every < 0:
-            raise ValueError(f"snapshot_every({snapshot_every}) must be a whole number >= 0")
-        from .scratch import Scratch
-
+        check_session_args(ranks, device, interface, snapshot_every)
+        # Recovery is built first and handed to the rank set: any call through ranks.require()
+        # may re-form the group and lay the model out again through it.
+        self.telemetry = Telemetry(clock=lambda: self.ranks.clock_offsets())
+        recovery = Recovery(ModelState(), Scratch(state_dir), self.telemetry)
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
-                             collective_timeout=collective_timeout, interface=interface)
-        self.telemetry = Telemetry(clock=self.ranks.clock_offsets)
-        self.model = ModelOps(self.ranks, self.telemetry, scratch=Scratch(state_dir), snapshot_every=snapshot_every)
-        self.ranks.relayout = self.model
+                             collective_timeout=collective_timeout, interface=interface, relayout=recovery)
+        self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
         try:
             self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout)
             run_sync(self.ranks.connect(expected=None if _pool else ranks))
@@ -101,8 +99,8 @@ class Session:
     device = property(lambda self: self.ranks.device, doc="'cpu' (gloo) or 'cuda' (nccl).")
     world_size = property(lambda self: self.ranks.world_size, doc="Number of ranks.")
     alive = property(lambda self: self.ranks.alive, doc="False once stopped.")
-    ranks_info = property(lambda self: self.ranks.info,
-                          doc="Per rank: host, pid, cores, cuda, engine id, interface and address.")
+    ranks_info = property(lambda self: self.ranks.places,
+                          doc="Per rank a RankPlace: host, pid, cores, GPUs, engine id, local rank, interface.")
     spec = property(lambda self: self.model.spec, doc="The loaded model's ModelSpec (None: none loaded).")
     plan = property(lambda self: self.model.plan, doc="The applied Plan (None: none applied).")
     debug = property(lambda self: self.model.debug, doc="Collective debug mode on (set_debug).")
@@ -171,7 +169,7 @@ class Session:
         """fn(*args, **kwargs) on every rank (process group ready); the results in rank order."""
         return await self.ranks.run(fn, *args, timeout=timeout, **kwargs)
 
-    async def inject_async(self, rank: int, fault: str, at_step: int = 0, *, where: str = "step",
+    async def inject_async(self, rank: int, fault: FaultKind, at_step: int = 0, *, where: FaultPlace = "step",
                            collective: int = 0, seconds: float = 0.0) -> FaultSpec:
         """Arm a fault on `rank` for the next train/generate/serve call, for tests and teaching:
         'kill', 'hang', 'raise', 'skip_collective' or 'slow' (`seconds`), at that call's
@@ -224,10 +222,11 @@ class Session:
         """Completions (strings) of one prompt or a list; greedy unless do_sample=True.
         `on_token(record)` receives each prompt's new text as the ranks decode it (its time on
         this client's clock)."""
-        return await self.model.generate(prompts, max_new_tokens, do_sample=do_sample, temperature=temperature,
-                                         top_k=top_k, seed=seed, on_token=on_token)
+        options = GenerateOptions(do_sample=do_sample, temperature=temperature, top_k=top_k, seed=seed)
+        return await self.model.generate(prompts, max_new_tokens, options, on_token)
 
-    async def serve_async(self, requests: Any, *, engine: str = "auto", policy: str = "continuous",
+    async def serve_async(self, requests: Any, *, engine: ServeEngine | Literal["auto"] = "auto",
+                          policy: ServePolicy = "continuous",
                           max_batch: int = 8, kv_tokens: int | None = None,
                           on_token: Callable[[TokenRecord], None] | None = None,
                           on_request: Callable[[RequestRecord], None] | None = None,
@@ -242,8 +241,8 @@ class Session:
         (transformers' where it runs, see ServeResult.reason). Data-parallel replicas share the
         requests out. Tokens, finished requests and steps reach the callbacks as they happen;
         the ServeResult holds every request's record and every rank's steps."""
-        return await self.model.serve(requests, engine=engine, policy=policy, max_batch=max_batch,
-                                      kv_tokens=kv_tokens, on_token=on_token, on_request=on_request, on_step=on_step)
+        options = ServeOptions(engine=engine, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens)
+        return await self.model.serve(requests, options, on_token, on_request, on_step)
 
     async def serve_stream(self, requests: Any, **options: Any) -> AsyncIterator[TokenRecord | ServeResult]:
         """serve_async as an async iterator: each TokenRecord as the ranks produce it, then the

@@ -3,8 +3,8 @@
 Owns the one mechanism (as ipyparallel's AsyncFirst does, with our naming the other way
 round: the plain name blocks, because workshops type the plain names) and the event loops
 the twins run on: one kept per calling thread when that thread runs no loop (a script;
-asyncio.run would build and tear down a loop and its executor on every call, a few ms
-each, measured), and one private loop thread used when the caller's thread already runs a
+asyncio.run would build and tear down a loop and its executor on every call, a cost
+every small call would pay), and one private loop thread used when the caller's thread already runs a
 loop (a notebook kernel), where run_until_complete is not allowed. Knows nothing else.
 """
 from __future__ import annotations

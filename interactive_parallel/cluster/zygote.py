@@ -1,7 +1,7 @@
 """Zygote: import torch and transformers once, then fork the engines from that process.
 
-On Linux a rank pool's memory and start time are mostly the ~250 MB and ~2 s each
-engine spends importing torch and transformers. Forked from one process that imported
+On Linux a rank pool's memory and start time are mostly what each engine spends
+importing torch and transformers. Forked from one process that imported
 them, the engines share those pages copy-on-write and skip the import: on 2 cores the
 pool is ready sooner and a 4-rank tour fits Binder's memory (bench/bench_session.py).
 
@@ -9,8 +9,8 @@ The parent stays small: a template child imports and forks N engines; the parent
 (their subreaper) forwards SIGTERM/SIGINT to its process group and exits when every
 child has exited. Given a request pipe (a FIFO), the template stays and forks more
 engines on request ("N\n" written to the pipe): a dead rank's replacement then starts in
-a fraction of a second instead of importing torch again (measured on 2 loaded cores:
-6-12 s for a fresh zygote); without one it exits once the N are forked. Each child runs
+a fraction of a second instead of importing torch again (a fresh zygote would take
+seconds: bench/bench_session.py); without one it exits once the N are forked. Each child runs
 a plain ipyparallel engine (no nanny process: the controller's heartbeat already notices
 a dead engine) connected through $IPP_CONNECTION_INFO, read from the controller's engine
 connection file once the controller has written it (the imports run meanwhile). Knows

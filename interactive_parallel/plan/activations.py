@@ -23,11 +23,11 @@ tp_plan's colwise linears).
 peak of live bytes saved for backward, parameters excluded, each storage counted once. So
 the token ids count as the storage they are a view of (the global batch on CPU), and
 temporaries that are never saved (attention scores of the fused kernel, all-gather
-buffers, gradients in flight) are not counted. Measured on every parity plan of the test
-suite, in fp32 and bf16, every rank, this model is exact but for one rank 0.4% off; under
-recomputation within 9% ('selective' frees some matmul outputs once its block has run
-again, earlier than counted here); tests/test_activations.py holds 10%. On CUDA the
-allocator's peak also sees those temporaries, which this model does not know.
+buffers, gradients in flight) are not counted. tests/test_activations.py holds this model
+to the probe on every parity plan of the test suite (fp32 and bf16, every rank) within 10%;
+under recomputation it counts high, because 'selective' frees some matmul outputs once its
+block has run again, earlier than counted here. On CUDA the allocator's peak also sees
+those temporaries, which this model does not know.
 
 Not modelled: dropout with p > 0 (the presets and shipped configs train without it),
 attention implementations other than SDPA, and MLP nonlinearities other than the two
@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .axes import MeshAxis, mesh_coords
+from .inventory import local_tensors
 from .models import ModelSpec
 from .plan import Plan
 
@@ -215,8 +216,6 @@ def weight_elements(spec: ModelSpec, plan: Plan, rank: int, last: bool) -> int:
     and, on the last stage, of the LM head; whole over FSDP, which gathers a unit's weights
     before its forward (so the plan with fsdp folded into dp says what is multiplied: the
     rank numbers of the two plans coincide)."""
-    from .estimate import local_tensors
-
     fam = spec.family_info
     head = f"{fam.embedding_path if spec.tied_embeddings else fam.lm_head_path}.weight"
     leaves = {f"{path}.weight" for path in fam.linears}

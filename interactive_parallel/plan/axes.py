@@ -32,6 +32,14 @@ def mesh_coords(rank: int, shape: dict[MeshAxis, int]) -> dict[MeshAxis, int]:
     return {axis: coords[axis] for axis in MESH_ORDER}
 
 
+def mesh_rank(coords: dict[MeshAxis, int], shape: dict[MeshAxis, int]) -> int:
+    """The rank at `coords` on a row-major mesh laid out in MESH_ORDER (mesh_coords' inverse)."""
+    rank = 0
+    for axis in MESH_ORDER:
+        rank = rank * shape.get(axis, 1) + coords.get(axis, 0)
+    return rank
+
+
 def axis_groups(shape: dict[MeshAxis, int], axis: MeshAxis) -> list[list[int]]:
     """The rank groups along `axis`: ranks that differ only in their `axis` coordinate."""
     world = 1

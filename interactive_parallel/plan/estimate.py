@@ -1,18 +1,12 @@
 """Analytic estimates: bytes per rank (parameters, gradients, optimizer, activations) and
 bytes per collective per step, for a ModelSpec under a Plan, before any rank exists.
 
-Owns the parameter inventory (names, shapes, TP dims), read from the family's entry in
-plan.models.FAMILIES (never from its name), and the arithmetic that mirrors what the
-runtime does with it: TP shards the linears of the family's tp_plan
-(colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear
-weight Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms,
-embeddings and the LM head; PP gives each rank its stages (loop order) plus embeddings
-(first stage) and norm/head (last stage; a tied head is the embedding, held by both);
-FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every shard
-to the largest one (parameter and gradient storage are padded, AdamW moments are not).
-Optimizer: AdamW keeps 2 fp32 moments per element plus one 4-byte `step` per tensor.
-Parameters are fp32 under every precision (bf16 is autocast). Activations are
-plan.activations' model, re-exported here.
+Owns the bytes: what each rank holds comes from plan.inventory (the parameter inventory
+and the TP / PP / FSDP rules that cut it, re-exported here), and this module turns it into
+storage and traffic. FSDP pads parameter and gradient storage to the largest shard, AdamW
+moments are not padded. Optimizer: AdamW keeps 2 fp32 moments per element plus one 4-byte
+`step` per tensor. Parameters are fp32 under every precision (bf16 is autocast).
+Activations are plan.activations' model, re-exported here.
 
 Pure Python: knows no torch. It does not know what the runtime actually allocates beyond
 these rules: the measured records (runtime/probes) are the truth, and tests hold these
@@ -20,129 +14,17 @@ numbers to them (exactly for params/grads/optimizer, within 10% for activations)
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 from ..records import CommEstimate, MemoryRecord
 from .activations import predict_activations
 from .axes import MeshAxis, mesh_coords
+from .inventory import ParamInfo, chunk, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
 from .plan import Plan
 
-__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "local_tensors", "predict_activations",
+__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "predict_activations",
            "predict_memory", "predict_comms"]
 
 FP32 = 4
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    name: str
-    shape: tuple[int, ...]
-    tp_dim: int | None
-    """Tensor dim split across tp (None: replicated under tp)."""
-    owner: str
-    """'embed', 'head' or 'layer' (with `layer` set): decides the pipeline stage."""
-    layer: int | None = None
-
-
-def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
-    """The dim of a block linear's `leaf` ('weight' / 'bias') that TP splits, None if replicated.
-
-    Colwise splits the output features, rowwise the input features; a transposed (Conv1D)
-    weight holds them the other way round. A rowwise bias is added after the all-reduce: whole.
-    """
-    if style is None:
-        return None
-    out_dim, in_dim = (1, 0) if transposed else (0, 1)
-    if style.startswith("colwise"):
-        return out_dim if leaf == "weight" else 0
-    return in_dim if leaf == "weight" else None
-
-
-def _block_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int | None]]:
-    """(name relative to a block, shape, tp dim) of every tensor of one decoder block."""
-    fam, cfg = spec.family_info, spec.config
-    styles = fam.block_tp_styles()
-    out: list[tuple[str, tuple[int, ...], int | None]] = []
-    for path, lin in fam.linears.items():
-        n_in, n_out = spec.width(lin.in_width), spec.width(lin.out_width)
-        style = styles.get(path)
-        out.append((f"{path}.weight", (n_in, n_out) if fam.weights_transposed else (n_out, n_in),
-                    _tp_dim(style, "weight", fam.weights_transposed)))
-        if lin.bias if isinstance(lin.bias, bool) else cfg.get(lin.bias, False):
-            out.append((f"{path}.bias", (n_out,), _tp_dim(style, "bias", fam.weights_transposed)))
-    return out + _norm_params(spec, fam.norm_paths)
-
-
-def _norm_params(spec: ModelSpec, paths) -> list[tuple[str, tuple[int, ...], None]]:
-    leaves = ("weight", "bias") if spec.family_info.norm_bias else ("weight",)
-    return [(f"{p}.{leaf}", (spec.hidden_size,), None) for p in paths for leaf in leaves]
-
-
-def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
-    """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
-    fam, h, v = spec.family_info, spec.hidden_size, spec.vocab_size
-    out = [ParamInfo(f"{fam.embedding_path}.weight", (v, h), None, "embed")]
-    if fam.position_embedding_path:
-        out.append(ParamInfo(f"{fam.position_embedding_path}.weight", (spec.max_positions, h), None, "embed"))
-    block = _block_params(spec)
-    for layer in range(spec.num_layers):
-        out += [ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, dim, "layer", layer) for rel, shape, dim in block]
-    out += [ParamInfo(name, shape, None, "head") for name, shape, _ in _norm_params(spec, [fam.final_norm_path])]
-    if not spec.tied_embeddings:
-        out.append(ParamInfo(f"{fam.lm_head_path}.weight", (v, h), None, "head"))
-    return out
-
-
-def chunk(n: int, parts: int, index: int) -> int:
-    """Length of piece `index` when torch.chunk cuts n into `parts` (ceil-sized, tail may be empty)."""
-    size = -(-n // parts)
-    return max(0, min(size, n - index * size))
-
-
-def owned(spec: ModelSpec, plan: Plan, p: ParamInfo, pp_rank: int) -> bool:
-    if plan.pp == 1:
-        return True
-    total = plan.n_stages
-    mine = plan.stage_ids(pp_rank)
-    if p.owner == "layer":
-        return p.layer // (spec.num_layers // total) in mine
-    if p.owner == "head":
-        return total - 1 in mine
-    tied_head = spec.tied_embeddings and p.name == f"{spec.family_info.embedding_path}.weight"
-    return 0 in mine or (tied_head and total - 1 in mine)
-
-
-def _shard_group(plan: Plan, coords: dict[MeshAxis, int]) -> tuple[int, int]:
-    """(size, index) of this rank's FSDP shard group; cp folds into it under FSDP (runtime rule)."""
-    if plan.fsdp == 1:
-        return 1, 0
-    return plan.fsdp * plan.cp, coords[MeshAxis.FSDP] * plan.cp + coords[MeshAxis.CP]
-
-
-def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInfo, int, int]]:
-    """(param, elements held, elements of its storage) for each tensor rank `rank` trains.
-
-    Storage differs from elements only under FSDP, which pads every shard to the largest.
-    """
-    coords = mesh_coords(rank, plan.mesh_shape)
-    f_size, f_index = _shard_group(plan, coords)
-    out = []
-    for p in param_inventory(spec):
-        if not owned(spec, plan, p, coords[MeshAxis.PP]):
-            continue
-        shape = list(p.shape)
-        if p.tp_dim is not None and plan.tp > 1:
-            shape[p.tp_dim] = chunk(shape[p.tp_dim], plan.tp, coords[MeshAxis.TP])
-        rest = math.prod(shape[1:])
-        if f_size > 1:
-            held = chunk(shape[0], f_size, f_index) * rest
-            storage = -(-shape[0] // f_size) * rest
-        else:
-            held = storage = math.prod(shape)
-        out.append((p, held, storage))
-    return out
 
 
 def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
@@ -193,14 +75,14 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
             out.append(CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes)))
 
     units = _unit_bytes(spec, plan, rank)
-    f_size, _ = _shard_group(plan, coords)
+    f_size, _ = shard_group(plan, coords)
     if f_size > 1:
         axis = "fsdp_cp" if plan.cp > 1 else "fsdp"
         add("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * sum(s for _, s in units))
         add("reduce_scatter", axis, len(units) * acc, acc * f_size * sum(s for _, s in units))
         if plan.dp > 1:
             add("all_reduce", "dp", len(units) * acc, acc * sum(s for _, s in units))
-    elif plan.dp > 1 and plan.world_size == plan.dp:
+    elif plan.uses_ddp:
         add("all_reduce", "dp", None, sum(s for _, s in units))
     elif plan.dp * plan.cp > 1:
         axis = "_".join(a for a in ("dp", "cp") if getattr(plan, a) > 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from ..records import HostMemory
 from .estimate import param_inventory, predict_memory
 from .models import ModelSpec
 from .plan import Plan
@@ -26,12 +27,12 @@ def rank_bytes(spec: ModelSpec, plan: Plan) -> list[int]:
     return [m.params + m.grads + m.optimizer + m.activations for m in predict_memory(spec, plan)]
 
 
-def memory_problems(spec: ModelSpec, plan: Plan, facts: list[dict], current: tuple[ModelSpec, Plan] | None = None,
+def memory_problems(spec: ModelSpec, plan: Plan, facts: list[HostMemory], current: tuple[ModelSpec, Plan] | None = None,
                     staged_on_host: bool = True) -> list[str]:
     """Why `plan` of `spec` would not fit, one line per host (CPU) or rank (CUDA), naming the
     predicted and the available bytes; empty when it fits.
 
-    facts: per rank (in rank order) {'host', 'available', 'gpu_free'} (runtime host_memory).
+    facts: per rank (in rank order) what its machine has free (HostMemory, from runtime host_memory).
     current: the (spec, plan) laid out now, whose bytes are released first, or None.
     staged_on_host: a re-plan writes the current state to host tmpfs before the new layout loads it.
     """
@@ -42,7 +43,7 @@ def memory_problems(spec: ModelSpec, plan: Plan, facts: list[dict], current: tup
     problems = []
     if plan.device == "cuda":
         for rank, f in enumerate(facts):
-            free = (f.get("gpu_free") or 0) + held[rank]
+            free = (f.gpu_free or 0) + held[rank]
             if need[rank] > free:
                 problems.append(f"rank {rank}: {spec.name} under {plan.describe()} is predicted to need "
                                 f"{_gib(need[rank])} ({need[rank]:,} bytes) of GPU memory; its GPU has "
@@ -50,10 +51,10 @@ def memory_problems(spec: ModelSpec, plan: Plan, facts: list[dict], current: tup
         return problems
     hosts: dict[str, list[int]] = {}
     for rank, f in enumerate(facts):
-        hosts.setdefault(f["host"], []).append(rank)
+        hosts.setdefault(f.host, []).append(rank)
     for host, ranks in hosts.items():
         total = sum(need[r] for r in ranks)
-        free = facts[ranks[0]]["available"] + sum(held[r] for r in ranks) - staged
+        free = facts[ranks[0]].available + sum(held[r] for r in ranks) - staged
         if total > free:
             worst = max(need[r] for r in ranks)
             problems.append(f"host {host}: {spec.name} under {plan.describe()} is predicted to need "

@@ -1,23 +1,34 @@
 """The Plan: how a model is spread over the ranks and how it is trained.
 
-Owns the Plan dataclass, its validation against a rank count and a model spec, and the
-mesh shape it implies. Pure Python: knows no torch, no processes; every check here runs
+Owns the Plan dataclass, its validation against a rank count and a model spec, the mesh
+shape it implies and the facts derived from it once (`uses_ddp`), and what a form needs to
+offer its fields: each choice field's values (`field_choices`, from its Literal type) and
+each field's docstring (`field_docs`). Pure Python: knows no torch, no processes; every check here runs
 before any rank is touched.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import math
+import textwrap
+import typing
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from .axes import MESH_ORDER, MeshAxis
 from .models import ModelSpec
 
-DEVICES = ("cpu", "cuda")
-PRECISIONS = ("fp32", "bf16", "fp16")
-PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-RECOMPUTES = ("none", "selective", "full")
+Device = Literal["cpu", "cuda"]
+Precision = Literal["fp32", "bf16", "fp16"]
+PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Recompute = Literal["none", "selective", "full"]
+DEVICES: tuple[str, ...] = typing.get_args(Device)
+PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
+PP_SCHEDULES: tuple[str, ...] = typing.get_args(PpSchedule)
+RECOMPUTES: tuple[str, ...] = typing.get_args(Recompute)
 TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
 """Plan fields that do not change which shards a rank holds."""
 SEED_LIMIT = 2**63
@@ -36,7 +47,7 @@ class PlanError(ValueError):
 class Plan:
     """A parallel layout plus the training knobs that interact with it."""
 
-    device: str = "cpu"
+    device: Device = "cpu"
     """'cpu' (gloo) or 'cuda' (nccl, one GPU per local rank)."""
     dp: int = 1
     """Data-parallel replicas (DDP; HSDP's replicate axis when fsdp > 1)."""
@@ -48,7 +59,7 @@ class Plan:
     """Pipeline parallel: the layers split into this many stages."""
     cp: int = 1
     """Context parallel: the sequence split across this many ranks."""
-    pp_schedule: str = "1f1b"
+    pp_schedule: PpSchedule = "1f1b"
     """Pipeline schedule: 'gpipe', '1f1b' or 'interleaved-1f1b'."""
     microbatches: int = 0
     """Pipeline microbatches per step; 0 means one per stage (pp)."""
@@ -56,7 +67,7 @@ class Plan:
     """Stages per rank for interleaved schedules."""
     sequence_parallel: bool = False
     """Under tp: shard norms and dropout along the sequence too."""
-    recompute: str = "none"
+    recompute: Recompute = "none"
     """Activation recomputation per decoder layer: 'none', 'selective' (recompute the cheap
     ops, keep matmul and attention outputs) or 'full' (keep each layer's input only)."""
     batch_size: int = 8
@@ -65,7 +76,7 @@ class Plan:
     """Tokens per sequence."""
     grad_accum: int = 1
     """Micro-steps per optimizer step; the global batch is split across them."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """'fp32', 'bf16' (autocast) or 'fp16' (autocast with a gradient scaler; CUDA only)."""
     lr: float = 1e-3
     """AdamW learning rate."""
@@ -75,6 +86,13 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.dp * self.fsdp * self.tp * self.pp * self.cp
+
+    @property
+    def uses_ddp(self) -> bool:
+        """Whether the model is wrapped in DDP: pure data parallelism over more than one rank.
+        With any other axis beside dp (HSDP, or dp with tp / pp / cp) gradients are averaged
+        by FSDP2's fully_shard or replicate instead (runtime.parallelize)."""
+        return self.dp > 1 and self.world_size == self.dp
 
     @property
     def data_parallel(self) -> int:
@@ -134,6 +152,32 @@ class Plan:
             except ValueError:
                 raise PlanError([f"{key}={raw!r} is not a {kind.__name__}"]) from None
         return cls(**values)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(Plan)
+
+
+def field_choices(name: str) -> tuple | None:
+    """The values Plan field `name` may take, read from its Literal type; None for a free field."""
+    hint = _hints().get(name)
+    return typing.get_args(hint) if typing.get_origin(hint) is Literal else None
+
+
+@functools.cache
+def field_docs(cls: type = Plan) -> dict[str, str]:
+    """Field name -> the docstring under that field in the source of `cls` (a Plan or a dataclass
+    derived from it; a field documented in several classes takes its latest docstring),
+    whitespace folded to one line."""
+    docs: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
 
 
 def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,

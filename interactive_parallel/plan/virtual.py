@@ -1,7 +1,7 @@
 """The records of a plan on a virtual mesh: what a dry run returns, and the classes of ranks it simulates.
 
 Owns which ranks are alike (`rank_classes`: the same pipeline coordinate and the same sizes of
-every tensor held, from plan.estimate.local_tensors; only FSDP over a dimension it does not
+every tensor held, from plan.inventory.local_tensors; only FSDP over a dimension it does not
 divide evenly makes ranks of one stage differ) and how a representative's records become
 another rank's of its class (`move`: groups and peers follow the mesh; `DryRun.mover`, the
 simulator's, recomputes index ranges), and the DryRun that holds them: `memory()`, `comms()`,
@@ -14,15 +14,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
 from ..records import CommRecord, MemoryRecord, RecordList, ShardRecord, StepRecord
-from .axes import MESH_ORDER, MeshAxis, mesh_coords
-from .estimate import local_tensors
+from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
+from .inventory import local_tensors
 from .models import ModelSpec
 from .plan import Plan
 
 
 def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
     """rank -> the representative (lowest rank) of its class: same pipeline coordinate, same
-    sizes of every tensor it holds (plan.estimate.local_tensors)."""
+    sizes of every tensor it holds (plan.inventory.local_tensors)."""
     sizes: dict[tuple[int, int, int], tuple] = {}
     reps: dict[tuple, int] = {}
     out = {}
@@ -35,13 +35,6 @@ def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
     return out
 
 
-def _rank_of(coords: dict[MeshAxis, int], plan: Plan) -> int:
-    rank = 0
-    for axis in MESH_ORDER:
-        rank = rank * getattr(plan, axis.value) + coords[axis]
-    return rank
-
-
 def move(group: list[int], rep: int, target: int, plan: Plan) -> list[int]:
     """The group that is to `target` what `group` is to `rep`: along the axes on which the
     group's members differ (its mesh axes) the members keep their coordinates; on every other
@@ -50,7 +43,7 @@ def move(group: list[int], rep: int, target: int, plan: Plan) -> list[int]:
     coords = [mesh_coords(m, shape) for m in group]
     own, mine = mesh_coords(rep, shape), mesh_coords(target, shape)
     along = {a for c in coords for a in MESH_ORDER if c[a] != own[a]}
-    return [_rank_of({a: c[a] if a in along else mine[a] for a in MESH_ORDER}, plan) for c in coords]
+    return [mesh_rank({a: c[a] if a in along else mine[a] for a in MESH_ORDER}, shape) for c in coords]
 
 
 @dataclass

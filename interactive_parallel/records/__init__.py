@@ -3,17 +3,24 @@
 Ranks build records and ship the objects themselves (ipyparallel pickles them); the client
 keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files and reports.
 One module per subject: base (the dict mechanism every record shares, the registry of kinds,
-tables), training, inference, ranks. Knows nothing of torch, ipyparallel or plotly.
+tables), training, inference, ranks, state (a layout's state and the scratch directory).
+Options going to the ranks and answers coming back are records too: nothing else crosses.
+Knows nothing of torch, ipyparallel or plotly.
 """
 from .base import RECORD_TYPES, Record, RecordList, from_dict, table
-from .inference import (DecodeStep, Generation, QuantizeRecord, Request, RequestRecord, ServeResult,
-                        TokenRecord)
-from .ranks import ClockRecord, CommEstimate, FaultSpec, ParamDiff, RankInfo, VerifyReport
+from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord, Request, RequestRecord,
+                        ServeEngine, ServeOptions, ServePolicy, ServeResult, TokenRecord)
+from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
+                    NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
+from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
 from .training import CommRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
 
 __all__ = [
     "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
     "CommRecord", "DecodeStep", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
     "PipelineEvent", "QuantizeRecord", "RankInfo", "Request", "RequestRecord", "ServeResult",
-    "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport"
+    "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport", "GenerateOptions", "ServeEngine", "ServeOptions",
+    "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",
+    "RankIdentity", "RankPlace", "LayoutInfo",
+    "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo",
 ]

@@ -7,9 +7,44 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from .base import Record, table
+
+ServeEngine = Literal["transformers", "ours"]
+"""Who runs a serving call: transformers' ContinuousBatchingManager or this package's scheduler."""
+ServePolicy = Literal["continuous", "static"]
+"""When requests join: at any step while there is room, or only once the previous batch ended."""
+
+
+@dataclass(frozen=True)
+class GenerateOptions(Record):
+    """How a generate call samples (the same on every rank)."""
+
+    kind: ClassVar[str] = "generate_options"
+    do_sample: bool = False
+    """False: greedy."""
+    temperature: float = 1.0
+    top_k: int = 0
+    """0: no top-k cut."""
+    seed: int = 0
+    """Seeds the sampler; every rank draws the same."""
+
+
+@dataclass(frozen=True)
+class ServeOptions(Record):
+    """How a serving call runs, as the client chose it (the same on every rank)."""
+
+    kind: ClassVar[str] = "serve_options"
+    engine: ServeEngine | Literal["auto"]
+    """The ranks always get a chosen engine; 'auto' is the client's request before it chooses."""
+    reason: str = ""
+    """Why that engine (plan/inference.serving_engine)."""
+    policy: ServePolicy = "continuous"
+    max_batch: int = 8
+    """Most requests running at once on a replica."""
+    kv_tokens: int | None = None
+    """KV cache token slots per rank (None: no limit)."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mech
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from .base import Record
 
@@ -115,18 +115,23 @@ class VerifyReport(Record):
         p.text(str(self))
 
 
+FaultKind = Literal["kill", "hang", "raise", "skip_collective", "slow"]
+"""What an injected fault does (runtime/faults.py)."""
+FaultPlace = Literal["step", "collective"]
+"""Where it fires: at a step boundary, or inside a collective of that step."""
+
+
 @dataclass
 class FaultSpec(Record):
     """A fault to inject on one rank (Session.inject; see runtime/faults.py for the kinds)."""
 
     kind: ClassVar[str] = "fault"
     rank: int
-    fault: str
-    """'kill', 'hang', 'raise', 'skip_collective' or 'slow'."""
+    fault: FaultKind
     at_step: int = 0
     """Which boundary of the next long call (0: before its first step or decoding step)."""
-    where: str = "step"
-    """'step' (at the boundary) or 'collective' (inside the `collective`-th collective of that step)."""
+    where: FaultPlace = "step"
+    """At the boundary, or inside the `collective`-th collective of that step."""
     collective: int = 0
     seconds: float = 0.0
     """slow: how long to sleep; hang: how long (0: until the rank is killed)."""
@@ -139,3 +144,84 @@ class FaultSpec(Record):
         where = self.detail or (f"at step {self.at_step}" + (
             f", collective {self.collective}" if self.where == "collective" else ""))
         return f"{self.fault} on rank {self.rank} {where}" + (f" ({self.seconds:g} s)" if self.seconds else "")
+
+
+@dataclass
+class RankFacts(Record):
+    """What an engine says of itself before any process group exists (the client assigns ranks
+    from these): its host, process and devices."""
+
+    kind: ClassVar[str] = "rank_facts"
+    host: str
+    pid: int
+    cores: int
+    """CPU cores this process may run on (its affinity)."""
+    cuda: int
+    """CUDA devices it sees (0: none)."""
+
+
+@dataclass
+class RankIdentity(Record):
+    """A rank once told who it is (setup): the threads torch runs it with."""
+
+    kind: ClassVar[str] = "rank_identity"
+    rank: int
+    host: str
+    pid: int
+    threads: int
+
+
+@dataclass
+class NetworkFacts(Record):
+    """One rank's address on a named interface ("" when it has none) and the interfaces it has."""
+
+    kind: ClassVar[str] = "network_facts"
+    host: str
+    address: str
+    interfaces: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GroupMember(Record):
+    """One rank after joining the process group: its backend and the sockets it binds to."""
+
+    kind: ClassVar[str] = "group_member"
+    rank: int
+    backend: str
+    device: str
+    interface: str
+    """Network interface the process group's sockets bind to."""
+    address: str
+    """This rank's address on it."""
+
+
+@dataclass
+class HostMemory(Record):
+    """What one rank's machine has free now (read before a layout is admitted)."""
+
+    kind: ClassVar[str] = "host_memory"
+    rank: int
+    host: str
+    available: int
+    """Bytes of host memory available."""
+    gpu_free: int | None = None
+    """Free bytes on this rank's GPU under CUDA (None on CPU)."""
+
+
+@dataclass
+class RankPlace(Record):
+    """Where one rank runs, as the client assigned it: its engine, host and local rank, and once
+    the process group is formed the interface and address its sockets bind to."""
+
+    kind: ClassVar[str] = "rank_place"
+    rank: int
+    engine_id: int
+    host: str
+    pid: int
+    cores: int
+    cuda: int
+    """CUDA devices its process sees (0: none)."""
+    local_rank: int
+    """Its index among the ranks on its host (its GPU under CUDA)."""
+    interface: str = ""
+    address: str = ""

@@ -4,10 +4,10 @@ Owns two hooks and the agreement on stopping. A driver installs them once per pr
 `set_sink(fn, flush)` receives each record a long call produces (a step, a generated token)
 the moment it exists (a sink may hold records back briefly to send several at once: `flush`
 sends what it holds); `set_stop_source(fn)` answers "was I asked to stop?" for this rank.
-Long loops call `emit(record)`, `flush()` before they return (or before a fault that may end
-the process), and, at each boundary, `agree_stop()`: one tiny all_reduce
-(MAX) over the world group, so every rank stops at the same boundary even when the request
-reached them at different times (a rank that stopped alone would leave its peers waiting
+Long loops reach it through runtime.loop's Boundary, which calls `emit(record)`, `flush()`
+before the call returns (faults call it before one that may end the process), and, at each
+boundary, `agree_stop()`: one tiny all_reduce (MAX) over the world group, so every rank
+stops at the same boundary even when the request reached them at different times (a rank that stopped alone would leave its peers waiting
 in the next step's collectives). Training casts the same vote without waiting once a step's
 gradients are ready (`cast_stop_vote`) and reads it at the next boundary (`read_stop_vote`);
 under DDP the vote rides in the step's last gradient bucket (`ddp_vote_hook`) and costs no
@@ -99,9 +99,9 @@ def cast_stop_vote(device: Any = "cpu") -> Any:
     """This rank's vote on stopping, cast over the world group without waiting for it (an async
     all_reduce MAX); read it with read_stop_vote at the next boundary. A loop casts it once a
     step's gradients are ready, so the vote travels while the optimizer updates and the
-    step's records go out (measured: the blocking agreement was 3.3 ms of a 38-42 ms dp=4
-    step on 2 cores). Built in inference mode: the comm ledger and fault injection see a
-    step's own collectives only. None when nobody can ask to stop."""
+    step's records go out (a blocking agreement there was a visible share of a small dp
+    step, bench/bench_session.py). Built in inference mode: the comm ledger and fault
+    injection see a step's own collectives only. None when nobody can ask to stop."""
     if _STOP[0] is None:
         return None
     import torch
@@ -133,8 +133,8 @@ def read_stop_vote(vote: Any) -> bool:
 def ddp_vote_hook(group: Any):
     """A DDP communication hook that averages gradients as DDP's own does (divide by the group
     size, all_reduce SUM) and carries the stop vote in the last bucket of each step: one more
-    element on every rank, so under DDP the vote costs no collective of its own (measured:
-    the separate one was 1.8 ms of a 43 ms dp=4 step on 2 cores). Only when the DDP group is
+    element on every rank, so under DDP the vote costs no collective of its own (a separate
+    one was still a visible share of a small dp step). Only when the DDP group is
     the whole world (every rank votes in it); cast_stop_vote then hands on what it carried."""
     import torch
     import torch.distributed as dist

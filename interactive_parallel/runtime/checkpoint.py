@@ -16,12 +16,12 @@ collective planning. Re-plans and snapshots (scratch, runtime.rawfiles) are writ
 (write_parts): every rank writes its data-parallel replica's share of its shards (replicas
 hold the same shards: each writes about 1/dp of them) in a directory of its own with DCP's
 `no_dist`, under a temporary name moved into place once complete (runtime.atomic_dir), and
-rank 0 names the plan and the writers; no collective (measured on tiny-llama, 4 CPU ranks: a
-snapshot 40-100 ms -> 15-32 ms; a re-plan dp2xtp2 -> dp4 0.21-0.23 s -> 0.13-0.15 s). Any
-layout reads the parts back as one checkpoint, DCP resharding where the layout differs
-(load_parts). Snapshots (for recovery) are such directories, one per generation, under one
-folder; a generation counts once every writer's part is there, so a rank killed while
-writing one leaves the previous one to restore.
+rank 0 names the plan and the writers; no collective, so no rank waits on a peer's disk
+(bench/bench_state.py times both). Any layout reads the parts back as one checkpoint,
+DCP resharding where the layout differs (load_parts). Snapshots (for recovery) are such
+directories, one per generation, under one folder; a generation counts once every
+writer's part is there, so a rank killed while writing one leaves the previous one to
+restore.
 
 Knows nothing of the client or of how the layout was made; the caller says where.
 """
@@ -36,7 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..plan import MESH_ORDER, MeshAxis, Plan
+from ..plan import MeshAxis, Plan, mesh_rank
+from ..records import SaveInfo
 from . import atomic_dir
 from .parallelized import Parallelized
 from .pieces import Pieces
@@ -136,8 +137,8 @@ def write(state: dict, path: str, raw: bool = False, local: bool = False) -> Non
     # where the OS writes back in its own time; fsync per file costs more than the write.
     writer = (RawWriter if raw else FileSystemWriter)(path, single_file_per_rank=True, sync_files=False,
                                                       thread_count=1)
-    # Not DCP's plan caching (measured 59 -> 44 ms a tiny-llama snapshot on 4 CPU ranks): its
-    # cache lives in each process, so a replaced rank (fresh, no cache) breaks the next save.
+    # Not DCP's plan caching, though it would make each save cheaper: its cache lives in each
+    # process, so a replaced rank (fresh, no cache) breaks the next save.
     dcp.save(state, storage_writer=writer, planner=save_planner(), no_dist=local)
 
 
@@ -186,7 +187,7 @@ def problems(par: Parallelized, path: str) -> list[str]:
 
 # ---- save / load -------------------------------------------------------------------------------
 def save(par: Parallelized, optimizer, path: str, step: int, *, raw: bool = False,
-         local: bool = False) -> dict[str, Any]:
+         local: bool = False) -> SaveInfo:
     """Write weights, optimizer state (once it has stepped) and step under `path`; a collective.
     `raw`: in the scratch format (re-plans, snapshots), read back with load(raw=True).
     `local`: this rank's shards alone, no collective (read back with load(local=True))."""
@@ -196,20 +197,20 @@ def save(par: Parallelized, optimizer, path: str, step: int, *, raw: bool = Fals
     return _info(par, path, state)
 
 
-def _info(par: Parallelized, path: str, state: dict) -> dict[str, Any]:
-    return {"path": path, "tensors": sum(k.startswith("model.") for k in state),
-            "optimizer": any(k.startswith("optim.") for k in state), "step": int(state["train.step"]),
-            "plan": par.plan.describe()}
+def _info(par: Parallelized, path: str, state: dict) -> SaveInfo:
+    return SaveInfo(path=path, tensors=sum(k.startswith("model.") for k in state),
+                    optimizer=any(k.startswith("optim.") for k in state), step=int(state["train.step"]),
+                    plan=par.plan.describe())
 
 
 def load(par: Parallelized, optimizer, path: str, *, check: bool = True, raw: bool = False,
-         local: bool = False, parts: list[str] | None = None) -> dict[str, Any]:
+         local: bool = False, parts: list[str] | None = None) -> SaveInfo:
     """Read `path` into the current layout and optimizer, in place; a collective (not with
     `local` or `parts`, see reader).
 
     Refuses (CheckpointMismatch, on every rank, before anything changes) a state of another
     model. Without optimizer state in `path` the optimizer is left fresh (the caller makes a
-    new one). Returns {path, tensors, optimizer, step, plan}.
+    new one). Returns what it read (SaveInfo).
     """
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -264,8 +265,8 @@ def write_parts(par: Parallelized, optimizer, path: str, step: int) -> None:
     so each writes about 1/dp of them by bytes, replica_share) under a temporary name and
     moves its directory into place; rank 0 names the plan and the writers, which is how a
     reader knows the directory is complete (snapshot_dirs) and what it holds (load_parts).
-    Measured: under dp=4 on 2 cores, one rank writing all of a tiny-llama snapshot held its
-    three peers 30-60 ms at their next collective."""
+    Shared out because one rank writing all of it would hold its peers at their next
+    collective for as long as it writes."""
     rank = _rank()
     world = dist.get_world_size() if dist.is_initialized() else 1
     if rank == 0:
@@ -306,7 +307,7 @@ def _replicas(par: Parallelized) -> tuple[int, int]:
     """(how many data-parallel replicas hold this rank's shards, this rank's index among them);
     (1, 0) for a layout off the plan's mesh (every rank keeps its own)."""
     coords = dict(par.coords)
-    if par.plan.dp == 1 or not coords or _mesh_rank(coords, par.plan.mesh_shape) != _rank():
+    if par.plan.dp == 1 or not coords or mesh_rank(coords, par.plan.mesh_shape) != _rank():
         return 1, 0
     return par.plan.dp, coords.get(MeshAxis.DP, 0)
 
@@ -317,10 +318,10 @@ def _replica_ranks(par: Parallelized) -> list[int]:
     if count == 1:
         return [_rank()]
     coords = dict(par.coords)
-    return [_mesh_rank({**coords, MeshAxis.DP: j}, par.plan.mesh_shape) for j in range(count)]
+    return [mesh_rank({**coords, MeshAxis.DP: j}, par.plan.mesh_shape) for j in range(count)]
 
 
-def load_parts(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
+def load_parts(par: Parallelized, optimizer, path: str) -> SaveInfo:
     """A directory write_parts wrote (under any plan) into this rank's layout, with no
     collective, DCP resharding where the layout differs (runtime.rawfiles.PartsReader): the
     layout that wrote it reads its replicas' parts, another layout every part."""
@@ -331,11 +332,11 @@ def load_parts(par: Parallelized, optimizer, path: str) -> dict[str, Any]:
 
 
 def snapshot(par: Parallelized, optimizer, folder: str, step: int) -> str:
-    """A new generation under `folder` (write_parts: no collective). Measured on tiny-llama
-    under dp=4 on 2 cores: the two barriers that used to mark completion made a 20-step call
-    46 ms longer, writing without them 4 ms. Rank 0 removes the generations before the
-    previous one (every rank has finished that one: they have all run the steps in between,
-    with their collectives, since writing it) and any of later steps."""
+    """A new generation under `folder` (write_parts: no collective: completion is marked by
+    the files themselves, not by barriers that would hold every rank at each snapshot).
+    Rank 0 removes the generations before the previous one (every rank has finished that
+    one: they have all run the steps in between, with their collectives, since writing it)
+    and any of later steps."""
     path = os.path.join(folder, f"{SNAPSHOT_PREFIX}{step:09d}")
     if _rank() == 0:
         os.makedirs(folder, exist_ok=True)
@@ -372,13 +373,6 @@ def parts_info(path: str) -> dict[str, Any]:
 def snapshot_plan(path: str) -> Plan:
     """The plan whose layout wrote snapshot `path`."""
     return Plan.from_dict(parts_info(path)["plan"])
-
-
-def _mesh_rank(coords: dict, shape: dict) -> int:
-    rank = 0
-    for axis in MESH_ORDER:
-        rank = rank * shape.get(axis, 1) + coords.get(axis, 0)
-    return rank
 
 
 def latest_snapshot(folder: str) -> str | None:

@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..records import GroupMember, RankIdentity
 from . import net
 from . import state as _state
 
@@ -31,9 +32,8 @@ def free_port(host: str = "") -> int:
 def threads_for(local_world_size: int, cores: int | None = None) -> int:
     """Intra-op threads per rank: the host's cores shared out, at least one.
 
-    Measured on 2 cores with 4 ranks, tiny-llama dp=4 (bench/bench_threads.py): 1 thread
-    per rank 102 ms a step, 2 threads per rank 1201 ms: with more threads than cores the
-    ranks' OpenMP workers spin against each other. So never more threads than cores.
+    With more threads than cores the ranks' OpenMP workers spin against each other and a
+    step gets many times slower (bench/bench_threads.py). So never more threads than cores.
     """
     if cores is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -41,13 +41,13 @@ def threads_for(local_world_size: int, cores: int | None = None) -> int:
 
 
 def set_identity(rank: int, world_size: int, local_rank: int, local_world_size: int,
-                 threads: int | None = None) -> dict:
+                 threads: int | None = None) -> RankIdentity:
     st = _state.get()
     st.rank, st.world_size, st.local_rank, st.local_world_size = rank, world_size, local_rank, local_world_size
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(local_world_size))
     torch.set_num_threads(threads or threads_for(local_world_size))
-    return {"rank": rank, "host": st.host, "pid": os.getpid(), "threads": torch.get_num_threads()}
+    return RankIdentity(rank=rank, host=st.host, pid=os.getpid(), threads=torch.get_num_threads())
 
 
 def backend_for(device: str) -> str:
@@ -95,7 +95,7 @@ def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: 
 
 
 def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: float = 60.0, *,
-         interface: str | None = None, listen: socket.socket | None = None) -> dict:
+         interface: str | None = None, listen: socket.socket | None = None) -> GroupMember:
     """Join the default group; every later collective (sub-groups too) times out after timeout_s.
 
     `interface`: the network interface this rank's gloo / NCCL sockets bind to (default:
@@ -113,8 +113,8 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
             raise RuntimeError(f"rank {st.rank}: device 'cuda' asked for but torch sees no GPU")
         torch.cuda.set_device(st.local_rank)
     timeout = timedelta(seconds=timeout_s)
-    # DeviceMesh sub-groups are created with the module default, not the world group's
-    # timeout (measured: they got 30 minutes); set the default so they inherit ours.
+    # DeviceMesh sub-groups are created with the module default (torch's 30 minutes), not
+    # the world group's timeout; set the default so they inherit ours.
     import torch.distributed.distributed_c10d as c10d
     c10d.default_pg_timeout = timeout
     var = IFNAME_VARS[backend]
@@ -136,13 +136,13 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
     quiet_telemetry_loggers()
     st.device, st.backend, st.timeout_s = device, backend, timeout_s
     st.interface, st.address = ifname, address
-    return {"rank": st.rank, "backend": backend, "device": device, "interface": ifname, "address": address}
+    return GroupMember(rank=st.rank, backend=backend, device=device, interface=ifname, address=address)
 
 
 def quiet_telemetry_loggers() -> None:
     """torch.distributed sets its c10d and checkpoint telemetry loggers ('c10d-NullHandler-*')
     to DEBUG with only a NullHandler: every wrapped collective and DCP phase builds log records
-    nobody receives (measured: 17 ms of a 90 ms DCP snapshot of tiny-llama on 4 CPU ranks).
+    nobody receives, a noticeable share of a small snapshot's time.
     Raised to WARNING while nothing but NullHandlers listen; a handler the user adds keeps them."""
     import logging
 

@@ -3,10 +3,10 @@ code and torch's fake process group: no peers, no data, no weights.
 
 Owns simulating ranks and expanding their records to the whole mesh. One simulated rank is
 torch's fake process group (FakeStore and the "fake" backend: every collective returns at
-once and moves nothing) joined as that rank, `runtime.parallelize` with `materialize=False`
-(the same pipeline split, tensor, context, recomputation and FSDP code on meta tensors),
-the rank's parameters and buffers then given FakeTensor storage (shapes, dtypes, no bytes),
-DDP and the pipeline schedule as parallelize adds them to a live layout, and one
+once and moves nothing) joined as that rank, `runtime.parallelize` itself (the same pipeline
+split, tensor, context, recomputation and FSDP code on meta tensors) told to give the rank's
+parameters and buffers FakeTensor storage (shapes, dtypes, no bytes) in place of real storage
+and DDP the dry run's comm hook, so DDP and the pipeline schedule come as on a live rank, and one
 `runtime.train.train_step` under FakeTensorMode with the probes on: the memory probe, the
 comm ledger and the layout probe record what a live rank records, and nothing runs.
 
@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import MeshAxis, ModelSpec, Plan, check, mesh_coords, resolve_model
+from ..plan import ModelSpec, Plan, check, mesh_coords, resolve_model
 from ..plan.virtual import DryRun, Simulated, rank_classes
 from ..records import ShardRecord
 from .data import reuse_batches
@@ -154,30 +154,13 @@ def _answer_vote(schedule) -> None:
 
 
 def _ddp_hook(group, bucket):
+    """DDP's comm hook on the fake group: the same all-reduce of the same bucket, handed back
+    at once (the fake group's own future carries nothing for the reducer to read)."""
     buffer = bucket.buffer()
     dist.all_reduce(buffer, group=group)
     done = torch.futures.Future()
     done.set_result(buffer)
     return done
-
-
-def _layout(spec: ModelSpec, plan: Plan, fake_mode):
-    """runtime.parallelize's layout of this rank on meta tensors, made fake, with DDP and the
-    pipeline schedule added as parallelize adds them to a materialized layout."""
-    from .parallelize import parallelize
-
-    par = parallelize(spec, plan, device="cpu", materialize=False)
-    _fake_storage(par, fake_mode)
-    if par.mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:
-        from .parallel.dp import apply_dp
-
-        par.model = apply_dp(par.raw, par.mesh, axis=MeshAxis.DP.value, device=par.device, comm_hook=_ddp_hook)
-    if plan.pp > 1:
-        from .parallel.pp import apply_schedule
-
-        par.schedule, par.schedule_key = apply_schedule(par.stages, plan, par.group(MeshAxis.PP), par.device)
-        _answer_vote(par.schedule)
-    return par
 
 
 def _placements(par) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], tuple]]:
@@ -211,16 +194,21 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from . import probes
+    from .parallelize import parallelize
     from .train import make_optimizer, train_step
 
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        par = _layout(spec, plan, fake_mode)
+        par = parallelize(spec, plan, device="cpu", storage=lambda p: _fake_storage(p, fake_mode),
+                          ddp_hook=_ddp_hook)
+        if par.schedule is not None:
+            _answer_vote(par.schedule)
         optimizer = make_optimizer(par)
         # Only transformers' own forward reads index values (pipeline stages and context
-        # parallel run runtime.parallel.pp's StageModule, which does not): the mode costs ~30%.
+        # parallel run runtime.parallel.pp's StageModule, which does not): the mode slows
+        # every op it sees, so it is left off where nothing needs it.
         reads_values = par.schedule is None and par.cp_model is None
         with fake_mode, (_RealWhereReal() if reads_values else contextlib.nullcontext()):
             for step in range(steps):

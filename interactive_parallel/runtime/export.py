@@ -46,7 +46,7 @@ def main() -> None:
     state = os.path.join(os.path.dirname(os.path.abspath(__file__)), STATE_DIR) if STATE_DIR else None
     par = parallelize(SPEC, PLAN, device=device, fill="none" if state else "seed")
     optimizer, scaler = make_optimizer(par), make_scaler(PLAN)
-    first = load(par, optimizer, state)["step"] if state else 0
+    first = load(par, optimizer, state).step if state else 0
     for step in range(first, first + STEPS):
         rec = train_step(par, optimizer, step, scaler=scaler, rank=launch.rank)
         loss = global_loss(par, rec.loss)

@@ -21,11 +21,12 @@ import dataclasses
 import os
 import signal
 import time
+import typing
 
-from ..records import FaultSpec
+from ..records import FaultKind, FaultPlace, FaultSpec
 
-KINDS = ("kill", "hang", "raise", "skip_collective", "slow")
-PLACES = ("step", "collective")
+KINDS = typing.get_args(FaultKind)
+PLACES = typing.get_args(FaultPlace)
 HANG_S = 24 * 3600.0
 """A hang lasts until the rank is killed (the Session replaces a rank still stuck after a timeout)."""
 FLUSH_S = 0.05

@@ -40,8 +40,8 @@ def pick(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: in
 @lru_cache(maxsize=None)
 def piece(token: int) -> str:
     """The text one token adds ('' for the specials). The package's tokenizer has a character
-    per token, so a token's text does not depend on its neighbours; tokenizer.decode costs
-    ~0.1 ms a call, a noticeable share of a decoding step, hence the cache."""
+    per token, so a token's text does not depend on its neighbours; a tokenizer.decode call
+    is a noticeable share of a small model's decoding step, hence the cache."""
     return get_tokenizer().decode([token], skip_special_tokens=True)
 
 

@@ -7,7 +7,9 @@ rank's own modules real storage (`to_empty`) and fill only its local shards
 pipeline schedule, which need real tensors. No rank ever holds a whole copy of a
 sharded model. With `materialize=False` the layout stays on meta tensors (no storage,
 no DDP, no schedule): the same code answers "what would each rank hold" for a model
-far larger than the machine. Each step is one apply_<x> from runtime/parallel/<x>.py on
+far larger than the machine; with `storage=` and `ddp_hook=` the dry run (runtime.dryrun)
+gives it fake storage and a hook for its fake group, and gets DDP and the schedule as a
+live rank does. Each step is one apply_<x> from runtime/parallel/<x>.py on
 a mesh from runtime.mesh. Knows nothing of model families (the apply_<x> read
 plan.models.FAMILIES), of training, of ipyparallel or of the client. Parallelized, the
 handle it returns, is re-exported here.
@@ -15,6 +17,7 @@ handle it returns, is re-exported here.
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,20 +35,48 @@ FILLS = ("seed", "none")
 
 
 def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cpu", materialize: bool = True,
-                fill: str = "seed", state_dict: dict | None = None) -> Parallelized:
+                fill: str = "seed", state_dict: dict | None = None,
+                storage: Callable[[Parallelized], None] | None = None,
+                ddp_hook: Callable | None = None) -> Parallelized:
     """The model of `spec` laid out under `plan` on this rank.
 
     fill: 'seed' gives the local shards their values (the plan's seed, or the spec's local
     directory); 'none' leaves the storage uninitialized for a caller that loads a state
     right after (runtime.checkpoint). `state_dict`: full tensors under the transformers
     names to take the local shards from instead (a whole copy in this process: for small
-    models and notebooks; re-plans and checkpoints go through runtime.checkpoint). Each
-    parallelism is imported where it is applied: tensor parallel and pipelining cost ~0.5 s
-    each to import (measured), which plans without them need not pay.
+    models and notebooks; re-plans and checkpoints go through runtime.checkpoint).
+    `storage`: gives the rank's meta modules their storage in place of `to_empty` and the
+    fill (the dry run's FakeTensors); `ddp_hook`: DDP's comm hook in place of the stop-vote
+    hook (the dry run's, on a group that moves no bytes). Each parallelism is imported
+    where it is applied: tensor parallel and pipelining are slow to import, and plans
+    without them need not pay for it.
     """
     if fill not in FILLS:
         raise ValueError(f"fill {fill!r} is not one of {', '.join(FILLS)}")
-    device = torch.device(device)
+    par, roots = _layout(spec, plan, torch.device(device))
+    if not materialize:
+        return par
+    if storage is not None:  # 6. this rank's shards only
+        storage(par)
+    else:
+        _materialize(par, roots, "none" if state_dict is not None else fill)
+    if state_dict is not None:
+        from .initialize import init_from_state
+
+        init_from_state(par, state_dict)
+    if par.mesh is not None and plan.uses_ddp:  # 7. DDP needs real tensors
+        from .parallel.dp import apply_dp
+
+        par.model = apply_dp(par.raw, par.mesh, axis=MeshAxis.DP.value, device=par.device, comm_hook=ddp_hook)
+    if plan.pp > 1:  # 8. the schedule over the (now wrapped) stage modules
+        from .parallel.pp import apply_schedule
+
+        par.schedule, par.schedule_key = apply_schedule(par.stages, plan, par.group(MeshAxis.PP), par.device)
+    return par
+
+
+def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallelized, list[nn.Module]]:
+    """Steps 1-5 on meta tensors: the rank's layout and the roots that will get storage."""
     raw = build_meta(spec)
     rank = dist.get_rank() if dist.is_initialized() else 0
     mesh = build_mesh(plan, device.type)
@@ -74,22 +105,7 @@ def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cp
         apply_ac([layers[i] for i in layer_ids], plan.recompute)
     par.tie_group = tie_group(plan, spec.tied_embeddings, rank) if mesh is not None else None
     par.model = _apply_sharding(par, roots)  # 5. FSDP / HSDP / replicate, on meta tensors
-    if not materialize:
-        return par
-    _materialize(par, roots, "none" if state_dict is not None else fill)  # 6. this rank's shards only
-    if state_dict is not None:
-        from .initialize import init_from_state
-
-        init_from_state(par, state_dict)
-    if mesh is not None and plan.dp > 1 and plan.world_size == plan.dp:  # 7. DDP needs real tensors
-        from .parallel.dp import apply_dp
-
-        par.model = apply_dp(raw, mesh, axis=MeshAxis.DP.value, device=device)
-    if plan.pp > 1:  # 8. the schedule over the (now wrapped) stage modules
-        from .parallel.pp import apply_schedule
-
-        par.schedule, par.schedule_key = apply_schedule(par.stages, plan, par.group(MeshAxis.PP), device)
-    return par
+    return par, roots
 
 
 def tied_aliases(model: nn.Module) -> dict[str, str]:
@@ -106,8 +122,8 @@ def tied_aliases(model: nn.Module) -> dict[str, str]:
 @contextlib.contextmanager
 def _swap_on_conversion():
     """Module._apply swaps tensors in place of assigning new Parameters, so a tied embedding
-    and LM head stay one Parameter through `to_empty` (measured: they come apart otherwise),
-    and FSDP keeps the Parameter objects it registered."""
+    and LM head stay one Parameter through `to_empty` (assigned new Parameters, they come
+    apart), and FSDP keeps the Parameter objects it registered."""
     before = torch.__future__.get_swap_module_params_on_conversion()
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
@@ -139,7 +155,7 @@ def _apply_sharding(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
     from .parallel.fsdp import apply_fsdp
 
     plan, mesh = par.plan, par.mesh
-    if mesh is None or (plan.dp > 1 and plan.world_size == plan.dp):
+    if mesh is None or plan.uses_ddp:
         return par.raw
     layers_path = par.spec.family_info.layers_path
     layer_lists = [list(r.layers) if isinstance(r, StageModule) else list(par.raw.get_submodule(layers_path))

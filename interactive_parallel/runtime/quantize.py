@@ -39,8 +39,8 @@ def config(scheme: str):
     if scheme == "int8-dynamic":
         return Int8DynamicActivationInt8WeightConfig()
     if scheme == "int4-weight-only":
-        # Int4WeightOnlyConfig needs mslk or CUDA here (measured: ImportError / "Torch not compiled
-        # with CUDA"); the intx workflow runs int4 values with a scale per group of 32 on CPU.
+        # Int4WeightOnlyConfig needs mslk or CUDA here (without them: ImportError / "Torch not
+        # compiled with CUDA"); the intx workflow runs int4 values with a scale per group of 32 on CPU.
         return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(32))
     raise ValueError(f"unknown quantization scheme {scheme!r}")
 
@@ -105,3 +105,13 @@ def restore(par: Parallelized, kept: dict[str, Any]) -> None:
     """Put the full-precision weights `quantize` kept back into their linears."""
     for path, weight in kept.items():
         par.raw.get_submodule(path).weight = weight
+
+
+def dequantize(st) -> bool:
+    """Put back the full-precision weights a rank's RankState holds for its quantized model
+    (runtime.state.Quantized); False when the model was not quantized (or has no layout)."""
+    held, st.quantized = st.quantized, None
+    if held is None or st.parallel is None:
+        return False
+    restore(st.parallel, held.full)
+    return True

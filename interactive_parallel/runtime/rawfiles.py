@@ -5,9 +5,9 @@ rank holding each tensor's bytes as they are in memory, located by (file, offset
 length) in DCP's own metadata, which still describes every chunk, so DCP plans, dedups
 and reshards exactly as with its FileSystemWriter/Reader (this only replaces their
 `write_data` / `read_data`). Why not those: they wrap every tensor in its own torch.save
-zip archive, and for the ~160 small tensors of a tiny model's weights and AdamW state
-the archives, not the bytes, were most of a re-plan's time (measured: torch.load of 240
-64x64 tensors ~40-80 ms per rank, raw ~1-4 ms). Checkpoints the user keeps
+zip archive, and for the many small tensors of a tiny model's weights and AdamW state
+the archives, not the bytes, were most of a re-plan's time (bench/bench_state.py times
+re-plans). Checkpoints the user keeps
 (Session.save, export_script) use DCP's standard files; these are only read back by
 this module. Knows nothing of models or plans.
 """

@@ -2,7 +2,7 @@
 kept across a re-formed process group, or the newest snapshot.
 
 Owns building the rank's layout for apply_plan and filling it from one of those sources,
-and `keep`: a rank's own shards of weights and optimizer state, held by reference (no
+and `keep` / `keep_local`: a rank's own shards of weights and optimizer state, held by reference (no
 copy, no collective) while its process group is torn down and formed again, for the
 same plan on the same ranks (a failed collective, switching debug mode). Whole copies
 never: carried layouts and snapshots go through torch.distributed.checkpoint
@@ -10,19 +10,48 @@ never: carried layouts and snapshots go through torch.distributed.checkpoint
 """
 from __future__ import annotations
 
-import os
 import shutil
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from ..plan import Plan
+from ..records import RestoreSource, ScratchLayout
 from .pieces import local_block
 
-SOURCES = ("kept", "snapshot")
+SOURCES = (RestoreSource.KEPT, RestoreSource.SNAPSHOT)
+"""The sources a caller may ask for; the others (seed, carried) follow from what is there."""
 
 
-def keep(par, optimizer, step: int) -> dict[str, Any]:
+@dataclass
+class KeptShards:
+    """One rank's own shards of weights and optimizer state, by reference, and whose they are."""
+
+    plan: Plan
+    """The plan whose layout holds them: only a layout of the same plan takes them."""
+    rank: int
+    step: int
+    parts: dict[str, torch.Tensor]
+    """'model.<name>' and 'optim.<name>.<field>' -> this rank's local block."""
+
+
+def keep_local(st) -> int | None:
+    """Keep this rank's own shards in `st` (RankState.kept) before a fresh process group; the
+    step they belong to, or None when there is nothing to keep or nothing trustworthy (see
+    runtime.api.keep_local)."""
+    from . import faults
+    from .quantize import dequantize
+
+    st.kept = None
+    if st.parallel is None or faults.tainted():
+        return None
+    dequantize(st)  # the kept shards are the full-precision weights
+    st.kept = keep(st.parallel, st.optimizer, st.step)
+    return st.step
+
+
+def keep(par, optimizer, step: int) -> KeptShards:
     """This rank's local shards (weights, optimizer state) by canonical name, and the step."""
     from .initialize import owned_parameters
 
@@ -32,22 +61,21 @@ def keep(par, optimizer, step: int) -> dict[str, Any]:
         for field, v in optimizer.state.get(p, {}).items():
             if isinstance(v, torch.Tensor):
                 parts[f"optim.{name}.{field}"] = local_block(v)[0]
-    return {"plan": par.plan, "rank": dist.get_rank() if dist.is_initialized() else 0, "step": step,
-            "parts": parts}
+    return KeptShards(plan=par.plan, rank=dist.get_rank() if dist.is_initialized() else 0, step=step, parts=parts)
 
 
 @torch.no_grad()
-def restore_kept(par, optimizer, kept: dict[str, Any]) -> int:
+def restore_kept(par, optimizer, kept: KeptShards) -> int:
     """Copy kept shards into a layout of the same plan on the same rank; returns the step."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from .initialize import owned_parameters
 
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if kept["plan"] != par.plan or kept["rank"] != rank:
-        raise RuntimeError(f"rank {rank}: kept shards belong to plan {kept['plan'].describe()} on rank "
-                           f"{kept['rank']}, not {par.plan.describe()} on rank {rank}")
-    parts = kept["parts"]
+    if kept.plan != par.plan or kept.rank != rank:
+        raise RuntimeError(f"rank {rank}: kept shards belong to plan {kept.plan.describe()} on rank "
+                           f"{kept.rank}, not {par.plan.describe()} on rank {rank}")
+    parts = kept.parts
     if any(k.startswith("optim.") for k in parts):
         get_optimizer_state_dict(par.raw, optimizer)  # creates the AdamW state to copy into
     for name, p in owned_parameters(par).items():
@@ -61,44 +89,62 @@ def restore_kept(par, optimizer, kept: dict[str, Any]) -> int:
                 raise RuntimeError(f"rank {rank}: kept {key} has shape {tuple(src.shape)}, the layout "
                                    f"{tuple(local.shape)}")
             local.copy_(src)
-    return int(kept["step"])
+    return int(kept.step)
 
 
-def rebuild(st, plan, device, scratch: str | None, restore: str | None) -> tuple[str, int]:
-    """Build `plan`'s layout on this rank into `st` and fill it; (how it was filled, step)."""
-    from .checkpoint import drop_snapshots_after, latest_snapshot, load_parts
+def rebuild(st, plan, device, scratch: ScratchLayout | None,
+            restore: RestoreSource | None) -> tuple[RestoreSource, int]:
+    """Build `plan`'s layout on this rank into `st` and fill it; (where its state came from, step)."""
     from .parallelize import parallelize
     from .train import make_optimizer, make_scaler
 
-    if restore is not None and restore not in SOURCES:
-        raise ValueError(f"restore {restore!r} is not one of {', '.join(SOURCES)}")
-    source, how = st.extra.get("pending_state"), "carried"
-    if source is None:
-        how = "seed"
-        if restore == "kept" and "kept" in st.extra:
-            how = "kept"
-        elif restore == "snapshot" and scratch is not None:
-            source = latest_snapshot(os.path.join(scratch, "snapshots"))
-            how = "snapshot" if source else "seed"
-    par = parallelize(st.spec, plan, device=device, fill="seed" if how == "seed" else "none")
+    how, source = _source(st, scratch, restore)
+    par = parallelize(st.spec, plan, device=device, fill="seed" if how == RestoreSource.SEED else "none")
     optimizer = make_optimizer(par)
     step = 0
-    if how == "kept":
-        step = restore_kept(par, optimizer, st.extra.pop("kept"))
+    if how == RestoreSource.KEPT:
+        kept, st.kept = st.kept, None  # taken, even by a restore that fails
+        step = restore_kept(par, optimizer, kept)
     elif source is not None:
+        from .checkpoint import load_parts
+
         # a re-plan's parts or a snapshot's: written under any plan, each rank reads what its
         # layout needs (DCP resharding where the plan has changed since, checkpoint.load_parts)
-        step = load_parts(par, optimizer, source)["step"]
-    if how == "carried":
-        st.extra.pop("pending_state", None)
+        step = load_parts(par, optimizer, source).step
+    if how == RestoreSource.CARRIED:
+        st.pending_state = None
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()  # every rank has read it
         if not dist.is_initialized() or dist.get_rank() == 0:
             shutil.rmtree(source, ignore_errors=True)
-    st.extra.pop("kept", None)
+    st.kept = None
     if scratch is not None and (not dist.is_initialized() or dist.get_rank() == 0):
-        drop_snapshots_after(os.path.join(scratch, "snapshots"), step)  # a run that no longer continues
+        from .checkpoint import drop_snapshots_after
+
+        drop_snapshots_after(scratch.snapshots, step)  # a run that no longer continues
     st.parallel, st.model, st.plan, st.mesh = par, par.model, plan, par.mesh
     st.optimizer, st.scaler, st.step = optimizer, make_scaler(plan), step
     return how, step
 
+
+def check_restore(restore: RestoreSource | None) -> None:
+    """Refuse a source a caller may not ask for (ValueError), before anything changes."""
+    if restore is not None and restore not in SOURCES:
+        raise ValueError(f"restore {str(restore)!r} is not one of {', '.join(SOURCES)}")
+
+
+def _source(st, scratch: ScratchLayout | None, restore: RestoreSource | None) -> tuple[RestoreSource, str | None]:
+    """(where the new layout's state comes from, the directory to read it from, if any): a
+    re-plan's pending parts first, else what `restore` asks for when it is there, else the seed."""
+    check_restore(restore)
+    if st.pending_state is not None:
+        return RestoreSource.CARRIED, st.pending_state
+    if restore == RestoreSource.KEPT and st.kept is not None:
+        return RestoreSource.KEPT, None
+    if restore == RestoreSource.SNAPSHOT and scratch is not None:
+        from .checkpoint import latest_snapshot
+
+        source = latest_snapshot(scratch.snapshots)
+        if source is not None:
+            return RestoreSource.SNAPSHOT, source
+    return RestoreSource.SEED, None

@@ -3,10 +3,10 @@ room, and leave as soon as they are done.
 
 Owns the serving call on a rank: which requests each data-parallel replica serves, the clock
 the ranks agree on at every step (so every rank of a replica admits the same requests and
-all stop together), the per-request and per-step records, and our scheduler over
-transformers' own cache class. Why a scheduler of our own: transformers' engine
-(ContinuousBatchingManager, runtime/serve_transformers.py) calls the whole model and pages
-its own cache, which does not run under pipeline stages, context-parallel attention, FSDP
+all stop together), the per-step records, and our scheduler over transformers' own cache
+class (a request's record grows through runtime.serve_records, which both engines share).
+Why a scheduler of our own: transformers' engine (ContinuousBatchingManager,
+runtime/serve_transformers.py) calls the whole model and pages its own cache, which does not run under pipeline stages, context-parallel attention, FSDP
 or sequence parallelism (plan/inference.py says which when). Ours keeps the running
 requests in one left-padded `DynamicCache` (runtime.decode runs its forward under any
 layout): a step decodes one token for every running request, prefills the requests that
@@ -14,24 +14,31 @@ joined and merges their cache rows in; finished rows are dropped and the columns
 needs any more are cut off. Each request samples with its own seeded generator, so its
 tokens do not depend on what it was batched with.
 
-Knows nothing of ipyparallel or the client: records go out through runtime.channel.
+Knows nothing of ipyparallel or the client: records cross the long call's Boundary
+(runtime/loop.py), faults fire there too.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from ..plan import MeshAxis
 from ..records import DecodeStep, Request, RequestRecord, ServeResult, TokenRecord
-from . import channel, faults
+from ..records.inference import ServeEngine, ServePolicy
+from . import channel
 from .decode import cache_bytes, decoding, forward_last, measured, new_caches
-from .generate import encode, pick, piece, suppress_padding
+from .generate import encode, pick, suppress_padding
 from .parallelized import Parallelized
-from .tokenizer import get_tokenizer
+from .serve_records import add_token, close_records, new_record
+from .serve_transformers import serve_transformers
+
+if TYPE_CHECKING:
+    from .loop import Boundary
 
 IDLE_WAIT_S = 0.01
 """Longest sleep while nothing runs and the next request has not arrived yet."""
@@ -115,14 +122,13 @@ class Server:
     """Our scheduler on one rank; every rank of a replica runs the same one in lockstep."""
 
     def __init__(self, par: Parallelized, requests: list[Request], mine: list[int], *, rank: int, policy: str,
-                 max_batch: int, kv_tokens: int | None, leader: bool):
-        self.par, self.requests, self.rank = par, requests, rank
+                 max_batch: int, kv_tokens: int | None, leader: bool, boundary: "Boundary"):
+        self.par, self.requests, self.rank, self.boundary = par, requests, rank, boundary
         self.policy, self.max_batch, self.kv_tokens = policy, max_batch, kv_tokens
         self.leader = leader
         self.waiting = deque(sorted(mine, key=lambda i: (requests[i].arrival, i)))
         self.batch = Batch()
         self.records: dict[int, RequestRecord] = {}
-        self.steps: list[DecodeStep] = []
         self.t0 = time.perf_counter()
         self.window_s = 0.0
         self.kv_budget = (kv_tokens or 0) * kv_bytes_per_token(par)
@@ -140,7 +146,7 @@ class Server:
                 ahead = [self.requests[i].arrival - now for i in self.waiting]
                 time.sleep(min(max(min(ahead, default=0.0), 0.0), IDLE_WAIT_S))
                 continue
-            faults.boundary()  # a fault armed for this call fires between steps
+            self.boundary.fire()  # between steps (the ranks agreed on stopping above, with the clock)
             self.step(step, joining, now)
             step += 1
         self.window_s = self.elapsed()
@@ -191,8 +197,7 @@ class Server:
                          waiting=sum(self.requests[i].arrival <= now for i in self.waiting),
                          kv_bytes=cache_bytes(self.batch.caches or []), kv_budget=self.kv_budget,
                          comm_s=cost.comm_s, comm_bytes=cost.comm_bytes, comm_ops=cost.comm_ops, engine="ours")
-        if not channel.emit(rec):
-            self.steps.append(rec)
+        self.boundary.send(rec)
 
     def decode(self) -> list[tuple[Running, int]]:
         b = self.batch
@@ -240,42 +245,12 @@ class Server:
             if rec.finish_reason:
                 rec.finished = now
                 done.add(r.index)
-            if self.leader and channel.streaming():
-                channel.emit(TokenRecord(rank=self.rank, prompt=r.index, position=len(r.tokens) - 1, text=added,
-                                         done=bool(rec.finish_reason), time=time.time()))
+            if self.leader and self.boundary.streaming:
+                self.boundary.send(TokenRecord(rank=self.rank, prompt=r.index, position=len(r.tokens) - 1,
+                                               text=added, done=bool(rec.finish_reason), time=time.time()), keep=False)
                 if rec.finish_reason:
-                    channel.emit(rec)
+                    self.boundary.send(rec, keep=False)
         return done
-
-
-def new_record(req: Request, rank: int, engine: str) -> RequestRecord:
-    return RequestRecord(id=req.id, rank=rank, prompt=req.prompt, arrival=req.arrival, engine=engine)
-
-
-def add_token(rec: RequestRecord, req: Request, token: int) -> str:
-    """Fold one new token into the request's record (its text, count and, once it ends, why:
-    end of sequence, a stop string, which is kept and ends the text, or max_new_tokens); the
-    text the token added."""
-    eos = get_tokenizer().eos_token_id
-    added = piece(token) if token != eos else ""
-    rec.text += added
-    rec.tokens += 1
-    hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]
-    if token == eos:
-        rec.finish_reason = "eos"
-    elif hit:
-        at, stop = min(hit)
-        rec.text, rec.finish_reason = rec.text[:at + len(stop)], "stop"
-    elif rec.tokens >= req.max_new_tokens:
-        rec.finish_reason = "length"
-    return added
-
-
-def close_records(records) -> None:
-    """Requests that had not finished when the call ended were interrupted."""
-    for rec in records:
-        if rec.finished < 0:
-            rec.finish_reason = "interrupted"
 
 
 def agree(par: Parallelized, elapsed: float, busy: bool) -> tuple[bool, float, bool]:
@@ -311,25 +286,24 @@ def replica_share(par: Parallelized, requests: list[Request]) -> tuple[list[int]
 
 
 @torch.no_grad()
-def serve(par: Parallelized, requests: list[Request], *, engine: str, reason: str, policy: str, max_batch: int,
-          kv_tokens: int | None, rank: int) -> ServeResult:
-    """This rank's part of a serving call (see the module docstring)."""
+def serve(par: Parallelized, requests: list[Request], *, engine: ServeEngine, reason: str, policy: ServePolicy,
+          max_batch: int, kv_tokens: int | None, rank: int, boundary: "Boundary") -> ServeResult:
+    """This rank's part of a serving call (see the module docstring); its records cross the
+    call's `boundary` (runtime/loop.py), which keeps the steps no driver took."""
     mine, leader = replica_share(par, requests)
     was_training = par.model.training
     par.model.eval()
     try:
         if engine == "transformers":
-            from .serve_transformers import serve_transformers
-
-            records, steps, window = serve_transformers(par, requests, mine, rank=rank, max_batch=max_batch,
-                                                        kv_tokens=kv_tokens, leader=leader)
+            records, window = serve_transformers(par, requests, mine, rank=rank, max_batch=max_batch,
+                                                 kv_tokens=kv_tokens, leader=leader, boundary=boundary)
         else:
             server = Server(par, requests, mine, rank=rank, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens,
-                            leader=leader)
+                            leader=leader, boundary=boundary)
             with decoding(par):  # not around transformers' engine: its own thread makes its cache
                 records = server.run()
-            steps, window = server.steps, server.window_s
+            window = server.window_s
     finally:
         par.model.train(was_training)
     return ServeResult(engine=engine, reason=reason, policy=policy, plan=par.plan.describe(),
-                       wall_s=window, requests=records, steps=steps)
+                       wall_s=window, requests=records, steps=list(boundary.kept))

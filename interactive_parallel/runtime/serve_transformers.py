@@ -19,13 +19,17 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from ..records import DecodeStep, Request, RequestRecord, TokenRecord
-from . import channel, faults
+from . import channel
 from .decode import measured
 from .parallelized import Parallelized
-from .serve import add_token, close_records, new_record
+from .serve_records import add_token, close_records, new_record
 from .tokenizer import get_tokenizer
+
+if TYPE_CHECKING:
+    from .loop import Boundary
 
 PAGE = 16
 """Tokens per page of the engine's paged cache."""
@@ -86,10 +90,10 @@ class _StepProbe:
 
 
 def serve_transformers(par: Parallelized, requests: list[Request], mine: list[int], *, rank: int,
-                       max_batch: int, kv_tokens: int | None,
-                       leader: bool) -> tuple[list[RequestRecord], list, float]:
-    """This replica's requests through transformers' engine; (its records if `leader`, the steps
-    no channel took, seconds from the start until the last request finished)."""
+                       max_batch: int, kv_tokens: int | None, leader: bool,
+                       boundary: "Boundary") -> tuple[list[RequestRecord], float]:
+    """This replica's requests through transformers' engine, its records crossing the call's
+    `boundary`; (its records if `leader`, seconds from the start until the last request finished)."""
     tok = get_tokenizer()
     model = par.raw
     if par.plan.tp > 1:
@@ -101,9 +105,8 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
     by_id = {requests[i].id: i for i in mine}
     pending = deque(sorted(mine, key=lambda i: (requests[i].arrival, i)))
     open_ids = set(by_id)
-    kept: list = []
     t0 = time.perf_counter()
-    faults.boundary()  # before the engine's first step
+    boundary.fire()  # before the engine's first step
     manager.start()
     try:
         while open_ids:
@@ -116,7 +119,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
                 manager.add_request(tok(req.prompt, add_special_tokens=False)["input_ids"], request_id=req.id,
                                     max_new_tokens=req.max_new_tokens, streaming=True, record_timestamps=True)
             out = manager.get_result(timeout=POLL_S)
-            _drain(probe, kept, boundaries=True)
+            _drain(probe, boundary, fire=True)
             if out is None:
                 if not manager.is_running():
                     raise RuntimeError(f"rank {rank}: transformers' continuous-batching engine stopped: "
@@ -125,7 +128,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
             if out.request_id not in open_ids:
                 continue  # a cancelled request's last words
             rec = records.setdefault(out.request_id, new_record(requests[by_id[out.request_id]], rank, "transformers"))
-            if _update(rec, out, requests[by_id[out.request_id]], t0, rank, by_id, leader):
+            if _update(rec, out, requests[by_id[out.request_id]], t0, rank, by_id, leader and boundary):
                 open_ids.discard(out.request_id)
                 if rec.finish_reason == "stop":
                     manager.cancel_request(out.request_id)
@@ -134,24 +137,26 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
         manager.stop(block=True, timeout=30, hard_stop=bool(open_ids))
         manager.destroy()
         probe.remove()
-        _drain(probe, kept)
+        _drain(probe, boundary)
     for i in mine:  # never added: the call was stopped first
         records.setdefault(requests[i].id, new_record(requests[i], rank, "transformers"))
     close_records(records.values())
-    return ([records[requests[i].id] for i in mine] if leader else []), kept, window
+    return ([records[requests[i].id] for i in mine] if leader else []), window
 
 
-def _drain(probe: _StepProbe, kept: list, boundaries: bool = False) -> None:
+def _drain(probe: _StepProbe, boundary: "Boundary", fire: bool = False) -> None:
+    """The engine's finished steps cross the boundary (`fire`: the faults of the next step too:
+    the engine runs ahead in its own thread, so this is where the main thread sees a step end)."""
     while probe.out:
-        step = probe.out.popleft()
-        if not channel.emit(step):
-            kept.append(step)
-        if boundaries:
-            faults.boundary()
+        boundary.send(probe.out.popleft())
+        if fire:
+            boundary.fire()
 
 
-def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: dict, leader: bool) -> bool:
-    """Fold one streamed output into the request's record; True when the request is finished."""
+def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: dict,
+            streams: "Boundary | None") -> bool:
+    """Fold one streamed output into the request's record; True when the request is finished.
+    `streams`: the boundary its tokens cross as they come (None: not this rank's to stream)."""
     tokens = list(out.generated_tokens)
     new = tokens[rec.tokens:]
     if out.lifespan[0] > 0 and rec.admitted < 0:
@@ -166,11 +171,11 @@ def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: 
             stamp = out.timestamps[rec.tokens - 1] if out.timestamps and len(out.timestamps) >= rec.tokens else \
                 time.perf_counter()
             rec.finished = stamp - t0
-        if leader and channel.streaming():
-            channel.emit(TokenRecord(rank=rank, prompt=by_id[req.id], position=rec.tokens - 1, text=added,
-                                     done=finished, time=time.time()))
+        if streams and streams.streaming:
+            streams.send(TokenRecord(rank=rank, prompt=by_id[req.id], position=rec.tokens - 1, text=added,
+                                     done=finished, time=time.time()), keep=False)
             if finished:
-                channel.emit(rec)
+                streams.send(rec, keep=False)
         if finished:
             break
     if out.is_finished() and not finished:

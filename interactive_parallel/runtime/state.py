@@ -1,14 +1,28 @@
 """RankState: the one global a rank keeps between remote calls.
 
 Owns what a rank remembers (its coordinates, process group facts, model, optimizer,
-plan, step counter) and `reset()`. Knows nothing of how it is called: ipyparallel and a
-plain torchrun script both drive it through runtime.api.
+plan, step counter, and what one call leaves for a later one: a listening socket, kept
+shards, a re-plan's parts, a quantized model's full-precision weights) and `reset()`.
+Knows nothing of how it is called: ipyparallel and a plain torchrun script both drive it
+through runtime.api. Imports no torch: the types named here are only annotations.
 """
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .recovery import KeptShards
+
+
+@dataclass
+class Quantized:
+    """What quantize left on a rank: the scheme, and the full-precision weights it took out of
+    the linears (module path -> weight), put back by dequantize."""
+
+    scheme: str
+    full: dict[str, Any]
 
 
 @dataclass
@@ -31,7 +45,16 @@ class RankState:
     mesh: Any = None          # torch DeviceMesh
     parallel: Any = None      # runtime.parallelize.Parallelized (handles of the applied plan)
     step: int = 0
-    extra: dict = field(default_factory=dict)
+    store_listener: socket.socket | None = None
+    """Rank 0's rendezvous socket, bound and listening since master_endpoint, until
+    init_process_group hands it to the store (or release_endpoint closes it)."""
+    kept: KeptShards | None = None
+    """This rank's own shards, kept by keep_local across a re-formed process group, until a
+    layout of the same plan takes them (apply_plan(restore=KEPT)) or any layout is built."""
+    pending_state: str | None = None
+    """Where the layout being replaced wrote its parts, until the new layout has read them."""
+    quantized: Quantized | None = None
+    """Set while the model is quantized (quantize), until dequantize puts the weights back."""
 
     def reset_model(self) -> None:
         self.model = self.optimizer = self.scaler = self.mesh = self.parallel = None

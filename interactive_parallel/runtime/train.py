@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import is_fake
 
 from ..plan import MeshAxis, Plan
 from ..records import StepRecord
-from .data import global_batch, local_slice
+from .data import local_batch as make_local_batch
 from .loss import token_loss
 from .parallelized import Parallelized
 
@@ -36,7 +36,7 @@ def make_optimizer(par: Parallelized, foreach: bool | None = None) -> torch.opti
 
     foreach (default: on for CUDA, off for CPU): the multi-tensor kernels save a launch per
     tensor on a GPU; the per-tensor loop is the CPU choice. One foreach call cannot mix plain
-    tensors and DTensors (measured: pp2 x tp2 raises "got mixed torch.Tensor and DTensor"),
+    tensors and DTensors (pp2 x tp2 raises "got mixed torch.Tensor and DTensor"),
     so the parameters go into one group per kind (plain, or DTensor per mesh).
     """
     if foreach is None:
@@ -142,8 +142,8 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
 
 def local_batch(par: Parallelized, step: int) -> torch.Tensor:
     plan = par.plan
-    return local_slice(global_batch(plan.seed, step, plan.batch_size, plan.seq_len),
-                       par.data_index, par.data_count).to(par.device)
+    return make_local_batch(plan.seed, step, plan.batch_size, plan.seq_len, par.data_index,
+                            par.data_count).to(par.device)
 
 
 def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0,

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 
 from ..plan.axes import MESH_ORDER
 from ..records import CommRecord
-from ._common import OP_COLORS, empty_figure, human_bytes, records_of, styled
+from ._common import OP_COLORS, empty_figure, human_bytes, records_of, styled, title_lines
 
 P2P = ("send", "recv")
 
@@ -77,7 +77,7 @@ def comm_matrix_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
         z=matrix, x=labels, y=labels, colorscale="Blues", colorbar=dict(title=dict(text="bytes")),
         text=[[human_bytes(v) if v else "" for v in row] for row in matrix], texttemplate="%{text}",
         hovertemplate="%{y} → %{x}: %{z:,.0f} B<extra></extra>", xgap=1, ygap=1))
-    styled(fig, f"{title} (total {human_bytes(total)})", xt, yt)
+    styled(fig, title_lines(title, f"(total {human_bytes(total)})"), xt, yt)
     fig.update_yaxes(autorange="reversed", type="category")
     fig.update_xaxes(type="category", side="bottom")
     return fig
@@ -104,7 +104,7 @@ def comm_breakdown(comms: Iterable[CommRecord] | None) -> dict[tuple[str, str], 
 def comm_breakdown_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
     """Stacked bars: x = mesh axis, one trace (colour) per op, height = bytes summed over ranks."""
     sums = comm_breakdown(comms)
-    title, xt, yt = "Communication by mesh axis and op", "mesh axis", "bytes"
+    title, xt, yt = "Bytes by mesh axis and op", "mesh axis", "bytes"
     if not sums:
         return empty_figure(title, xt, yt)
     axes = _axis_order(a for a, _ in sums)
@@ -118,6 +118,6 @@ def comm_breakdown_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
             customdata=[human_bytes(v) for v in values],
             hovertemplate=f"%{{x}} {op}: %{{customdata}} (%{{y:,}} B)<extra></extra>"))
     total = sum(sums.values())
-    styled(fig, f"{title} (total {human_bytes(total)})", xt, yt, barmode="stack")
+    styled(fig, title_lines(title, f"(total {human_bytes(total)})"), xt, yt, barmode="stack")
     fig.update_xaxes(type="category")
     return fig

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..records import DecodeStep, QuantizeRecord
-from ._common import MiB, empty_figure, human_bytes, rank_color, records_of, styled
+from ._common import SUBPLOT_PX, MiB, empty_figure, human_bytes, rank_color, records_of, styled, title_lines
 
 EMPTY = "no decoding yet: generate or serve"
 
@@ -86,7 +86,7 @@ def step_split_figure(steps: Iterable[DecodeStep] | None,
                                     ("communication", [s.comm_s * 1e3 for s in mine], "#e45756")):
             fig.add_trace(go.Bar(name=name, x=x, y=values, marker_color=color, legendgroup=name,
                                  showlegend=row == 1), row=row, col=1)
-    styled(fig, title, "", "ms", barmode="stack", height=max(300, 160 * len(ranks)))
+    styled(fig, title, "", "ms", above=SUBPLOT_PX, barmode="stack", height=max(300, 160 * len(ranks)))
     fig.update_xaxes(title_text="step", row=len(ranks), col=1)
     return fig
 
@@ -114,4 +114,5 @@ def quantization_figure(records: Iterable[QuantizeRecord] | None, title: str = "
     fig.add_trace(go.Bar(name=f"after ({scheme})", x=ranks, y=[r.tokens_per_s_after for r in recs],
                          marker_color="#4c78a8", offsetgroup="after", legendgroup="after", showlegend=False),
                   row=1, col=2)
-    return styled(fig, f"{title}: {scheme}, greedy tokens unchanged {agree:.0%}", "", "", barmode="group")
+    return styled(fig, title_lines(f"{title}: {scheme},", f"greedy tokens unchanged {agree:.0%}"), "", "",
+                  above=SUBPLOT_PX, barmode="group")

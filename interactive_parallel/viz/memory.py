@@ -11,7 +11,7 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from ..records import MemoryRecord
-from ._common import MiB, empty_figure, human_bytes, records_of, styled
+from ._common import MiB, empty_figure, human_bytes, records_of, styled, title_lines
 
 COMPONENTS: tuple[str, ...] = ("params", "grads", "optimizer", "activations")
 COMPONENT_COLORS = {"params": "#4c78a8", "grads": "#f58518", "optimizer": "#e45756",
@@ -45,11 +45,8 @@ def memory_figure(memory: Iterable[MemoryRecord] | None,
         if recs:
             _add_stack(fig, group, recs)
     steps = sorted({r.step for r in measured.values()})
-    title = TITLE
-    if len(steps) == 1:
-        title += f" (step {steps[0]})"
-    elif steps:
-        title += " (latest step of each rank)"
+    which = f"(step {steps[0]})" if len(steps) == 1 else "(latest step of each rank)" if steps else ""
+    title = title_lines(TITLE, which)
     ranks = sorted(set(measured) | set(pred))
     styled(fig, title, XT, YT, barmode="group", bargap=0.25, bargroupgap=0.05)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=[f"rank {r}" for r in ranks])

@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 
 from ..plan.axes import MESH_ORDER, mesh_coords
 from ..records import CommRecord, MemoryRecord, ShardRecord
-from ._common import OP_COLORS, empty_figure, human_bytes, records_of, styled
+from ._common import OP_COLORS, TOP_AXIS_PX, empty_figure, human_bytes, records_of, styled, title_lines
 from .memory import latest_per_rank
 
 AXIS_COLORS = {"tp": "#d62728", "cp": "#9467bd", "fsdp": "#2ca02c", "dp": "#1f77b4", "pp": "#ff7f0e"}
@@ -197,9 +197,9 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     links = comm_links(comms)  # streamed: a dry run's comms of 1,024 ranks need not be a list
     only = None if grid.world <= ALL_LINKS else focus
     _draw_links(fig, grid, links, only)
-    note = f"; links: the groups of rank {focus}" if only is not None and links else ""
-    styled(fig, title + _subtitle(grid, param) + note, _axis_title(grid.col_axes), _axis_title(grid.row_axes),
-           hovermode="closest", plot_bgcolor="white", legend=dict(orientation="h", y=-0.08),
+    note = f"links: the groups of rank {focus}" if only is not None and links else ""
+    styled(fig, _title(title, grid, param, note), _axis_title(grid.col_axes), _axis_title(grid.row_axes),
+           above=TOP_AXIS_PX, hovermode="closest", plot_bgcolor="white", legend=dict(orientation="h", y=-0.08),
            height=int(max(380, min(1200, 900 * grid.rows / grid.cols + 220))))
     cols, rows = _ticks(grid, grid.col_axes), _ticks(grid, grid.row_axes)
     fig.update_xaxes(showgrid=False, zeroline=False, side="top", range=[-0.5, grid.cols - 0.5],
@@ -217,9 +217,11 @@ def _axis_title(axes: tuple[str, ...]) -> str:
     return " x ".join(axes) if axes else ""
 
 
-def _subtitle(grid: MeshGrid, param: str | None) -> str:
+def _title(head: str, grid: MeshGrid, param: str | None, note: str) -> str:
     dims = " x ".join(f"{a} {n}" for a, n in grid.shape)
-    return f": {grid.world} ranks ({dims})" + (f"; hover: {param}" if param else "")
+    parts = [f"{grid.world} ranks ({dims})", f"hover: {param}" if param else "", note]
+    parts = [p for p in parts if p]
+    return title_lines(f"{head}:", *[p + ";" for p in parts[:-1]], parts[-1])
 
 
 def _ticks(grid: MeshGrid, axes: tuple[str, ...]) -> list[str]:

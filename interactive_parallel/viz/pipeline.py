@@ -17,7 +17,7 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from ..records import PipelineEvent
-from ._common import ACTION_COLORS, ACTION_NAMES, empty_figure, records_of, styled
+from ._common import ACTION_COLORS, ACTION_NAMES, empty_figure, records_of, styled, title_lines
 from .timeline import is_timed, ordered
 
 XT, YT = "time since step start (s)", "stage"
@@ -109,9 +109,18 @@ def pipeline_figure(events: Iterable[PipelineEvent] | None,
             customdata=[[e.rank, e.microbatch, (e.end - e.start) * 1e3, e.start - t0] for e in sel],
             hovertemplate=(f"%{{y}} (rank %{{customdata[0]}}) {action} microbatch %{{customdata[1]}}<br>"
                            "start %{customdata[3]:.4f} s, %{customdata[2]:.2f} ms<extra></extra>")))
-    per_rank = ", ".join(f"rank {r} {f:.0%}" for r, f in fractions.items())
-    title = (f"Pipeline schedule, step {chosen}: bubble {overall_bubble(fractions):.1%}"
-             f" (idle per rank: {per_rank})")
+    title = title_lines(f"Pipeline schedule, step {chosen}:", f"bubble {overall_bubble(fractions):.1%}",
+                        _idle(fractions))
     styled(fig, title, XT, YT, barmode="overlay", bargap=0.15)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed")
     return fig
+
+
+IDLE_EACH = 4
+"""Up to this many ranks the title names each rank's idle share; beyond, their range (a line)."""
+
+
+def _idle(fractions: dict[int, float]) -> str:
+    if len(fractions) <= IDLE_EACH:
+        return "(idle per rank: " + ", ".join(f"rank {r} {f:.0%}" for r, f in fractions.items()) + ")"
+    return f"(idle per rank {min(fractions.values()):.0%} to {max(fractions.values()):.0%})"

@@ -38,7 +38,7 @@ section { margin: 2rem 0; border-top: 1px solid #ddd; padding-top: 0.5rem; }
 
 def _heading(key: str, fig: go.Figure) -> str:
     text = fig.layout.title.text if fig.layout.title and fig.layout.title.text else key
-    return re.sub(r"<[^>]+>", " ", str(text))
+    return " ".join(re.sub(r"<[^>]+>", " ", str(text)).split())  # a title's line breaks read as spaces
 
 
 def write_report(path: str | os.PathLike[str], figures: Mapping[str, go.Figure],

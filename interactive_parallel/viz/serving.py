@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..records import RequestRecord
-from ._common import empty_figure, records_of, styled
+from ._common import SUBPLOT_PX, empty_figure, records_of, styled
 
 PHASE_COLORS = {"waiting": "#bab0ac", "prefill": "#f58518", "decode": "#4c78a8"}
 EMPTY = "no requests yet: serve some"
@@ -74,7 +74,7 @@ def latency_figure(requests: Iterable[RequestRecord] | None, title: str = "Laten
     ids = [r.id for r in reqs]
     fig.add_trace(go.Bar(name="time to first token", x=ids, y=ttft, marker_color="#f58518"), row=1, col=1)
     fig.add_trace(go.Bar(name="time per output token", x=ids, y=tpot, marker_color="#4c78a8"), row=1, col=2)
-    styled(fig, title, "", "ms", showlegend=False)
+    styled(fig, title, "", "ms", above=SUBPLOT_PX, showlegend=False)
     fig.update_xaxes(type="category")
     return fig
 

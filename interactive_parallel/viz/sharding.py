@@ -19,7 +19,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from ..records import ShardRecord
-from ._common import empty_figure, rank_color, records_of, styled
+from ._common import TOP_AXIS_PX, empty_figure, rank_color, records_of, styled, title_lines
 
 MAX_STRIPES = 256  # beyond this a region's column stripes are drawn as their bounding range
 Region = tuple[tuple[int, int], tuple[tuple[int, int], ...]]  # (rows, column intervals)
@@ -126,10 +126,10 @@ def sharding_figure(shards: Iterable[ShardRecord] | None, param: str | None = No
     for (rows, cols), holders in regions:
         _draw_region(fig, rows, cols, holders)
     stage = f", stage {first.stage}" if first.stage is not None else ""
-    title = f"Sharding of {param} {tuple(shape)}{stage}: {_placements(first) or 'plain tensor'}"
+    title = title_lines(f"Sharding of {param}", f"{tuple(shape)}{stage}:", _placements(first) or "plain tensor")
     xt = {0: "", 1: "dim 0"}.get(len(shape), "dim 1" if len(shape) == 2 else f"dims 1..{len(shape) - 1} flattened")
     yt = "dim 0" if len(shape) >= 2 else ""
-    styled(fig, title, xt, yt, showlegend=True, hovermode="closest", plot_bgcolor="white")
+    styled(fig, title, xt, yt, above=TOP_AXIS_PX, showlegend=True, hovermode="closest", plot_bgcolor="white")
     fig.update_xaxes(range=[0, ncols], showgrid=False, zeroline=False, side="top")
     fig.update_yaxes(range=[nrows, 0], showgrid=False, zeroline=False, showticklabels=len(shape) >= 2)
     return fig

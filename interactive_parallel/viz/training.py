@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..records import StepRecord
-from ._common import TEMPLATE, empty_figure, is_missing, rank_color, records_of, single_plan, styled
+from ._common import (SUBPLOT_PX, TEMPLATE, empty_figure, is_missing, rank_color, records_of, single_plan, styled,
+                      title_layout, top_margin)
 
 
 def _with_plan(title: str, steps: list[StepRecord]) -> str:
@@ -85,7 +86,9 @@ def throughput_figure(steps: Iterable[StepRecord] | None) -> go.Figure:
         fig.add_trace(go.Scatter(x=xs, y=[r.tokens_per_s for _, r in pts], showlegend=False,
                                  hovertemplate=f"rank {rank}<br>step %{{x}}<br>%{{y:,.0f}} tokens/s<extra></extra>",
                                  **common), row=2, col=1)
-    fig.update_layout(template=TEMPLATE, title=dict(text=title), hovermode="closest")
+    fig.update_layout(template=TEMPLATE, title=title_layout(title, SUBPLOT_PX),
+                      margin=dict(t=top_margin(title, SUBPLOT_PX)),
+                      hovermode="closest")
     fig.update_yaxes(title_text="step time (s)", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=2, col=1)
     fig.update_xaxes(title_text="step", row=2, col=1)

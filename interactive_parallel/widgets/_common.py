@@ -1,17 +1,15 @@
-"""What every panel section shares: CSS classes, in-place figure refresh, the action runner, jobs.
+"""What every panel section shares: CSS classes, in-place figure refresh, the action runner, the session.
 
 Owns the callback discipline of DESIGN.md (disable the controls, run inside the error Output,
 show the remote traceback naming the rank, re-enable in `finally`), the one helper that copies a
-freshly drawn plotly Figure into a live FigureWidget, and the runner that keeps a long coroutine
-(training, generation) off the kernel's back. Knows nothing of what any button does, nor of
-torch or plans.
+freshly drawn plotly Figure into a live FigureWidget, and `SessionRef`, the way a section reads
+the session the panel drives now. Knows nothing of what any button does, nor of torch or plans;
+long calls are widgets/jobs.py's.
 """
 from __future__ import annotations
 
-import asyncio
-import threading
 import traceback
-from typing import Any, Callable, Coroutine, Iterable
+from typing import Any, Callable, Iterable
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -38,7 +36,7 @@ def row(*widgets: W.Widget) -> W.HBox:
 
 def figure_widget(figure: go.Figure, cls: str, height: int = 360) -> go.FigureWidget:
     widget = go.FigureWidget(figure)
-    widget.update_layout(height=height, margin=dict(l=50, r=20, t=50, b=40))
+    widget.update_layout(height=height, margin=dict(l=50, r=20, b=40))  # the top one is the title's (viz)
     return css(widget, "ip-figure", cls)
 
 
@@ -60,14 +58,15 @@ def _shape(trace_json: dict) -> set[str]:
 
 
 def refresh(widget: go.FigureWidget, figure: go.Figure, *,
-            keep: Iterable[str] = ("height", "width", "margin")) -> None:
+            keep: Iterable[str] = ("height", "width", "margin.l", "margin.r", "margin.b")) -> None:
     """Make the live `widget` show `figure` without rebuilding it.
 
     Traces of the same count, types and properties are updated in place (one batched message:
     the loss curve grows without flicker); otherwise they are replaced. The layout is diffed
     leaf by leaf and stale leaves are set to None, because the browser side merges a relayout
     into what it has: without the reset an empty-state note or hidden ticks would linger.
-    `keep` names layout keys the panel owns (its size), left as they are.
+    `keep` names layout keys (or dotted paths) the panel owns (its size, the side margins), left
+    as they are; the top margin follows the figure, whose title it holds.
     """
     old_traces = [t.to_plotly_json() for t in widget.data]
     new_traces = [t.to_plotly_json() for t in figure.data]
@@ -82,7 +81,8 @@ def refresh(widget: go.FigureWidget, figure: go.Figure, *,
     owned = tuple(keep)
     # Subplot axes the widget lacks (xaxis2, ...) are set whole: a dotted path into one does not exist yet.
     fresh = {top for top in new_json if top not in old_json and top not in owned}
-    skip = lambda path: path.split(".")[0] in owned or path.split(".")[0] in fresh  # noqa: E731
+    skip = lambda path: path.split(".")[0] in fresh or any(  # noqa: E731
+        path == k or path.startswith(k + ".") for k in owned)
     with widget.batch_update():
         if in_place:
             for trace, fresh_trace in zip(widget.data, new_traces):
@@ -95,6 +95,28 @@ def refresh(widget: go.FigureWidget, figure: go.Figure, *,
         for path, value in new.items():
             if not skip(path) and old.get(path) != value:
                 widget.layout[path] = value
+
+
+# ---- the session ----------------------------------------------------------------------------------
+class SessionRef:
+    """The session the panel drives now, read through the panel's getter each time (the Cluster
+    section may start, attach to or stop one at any moment)."""
+
+    def __init__(self, get: Callable[[], Any]):
+        self._get = get
+
+    def __call__(self) -> Any:
+        return self._get()
+
+    @property
+    def alive(self) -> bool:
+        s = self._get()
+        return s is not None and s.alive
+
+    def require(self) -> Any:
+        if not self.alive:
+            raise SessionError("no session: start one in the Cluster section (Start or Attach)")
+        return self._get()
 
 
 # ---- errors -----------------------------------------------------------------------------------
@@ -153,62 +175,3 @@ class Actions:
         self.register(btn)
         btn.on_click(lambda _b: self.run(what, fn))
         return btn
-
-
-# ---- long work ----------------------------------------------------------------------------------
-class Job:
-    """A coroutine run without blocking whoever started it.
-
-    Inside a notebook kernel (a running asyncio loop) it is a task on that loop: cells and
-    widget clicks (the Stop button) keep being served between steps, and its callbacks touch
-    widgets from the kernel's own thread. Without a running loop (a script, a test) it runs in
-    a thread of its own; `wait()` is for that case only (it would block a kernel's loop).
-    """
-
-    def __init__(self, coro: Coroutine, on_done: Callable[[Any, BaseException | None], None]):
-        self._on_done = on_done
-        self._event = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.finished = False
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        if loop is not None:
-            self.task = loop.create_task(coro)
-            self.task.add_done_callback(self._task_done)
-            self.thread = None
-        else:
-            self.task = None
-            self.thread = threading.Thread(target=self._thread_main, args=(coro,), daemon=True,
-                                           name="interactive-parallel-panel-job")
-            self.thread.start()
-
-    def _thread_main(self, coro: Coroutine) -> None:
-        try:
-            self._finish(asyncio.run(coro), None)
-        except BaseException as exc:  # noqa: BLE001 - handed to on_done
-            self._finish(None, exc)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        if task.cancelled():
-            self._finish(None, asyncio.CancelledError("cancelled"))
-        else:
-            exc = task.exception()
-            self._finish(None if exc else task.result(), exc)
-
-    def _finish(self, result: Any, error: BaseException | None) -> None:
-        self.result, self.error = result, error
-        self.finished = True  # before on_done: it re-enables controls and asks whether work runs
-        try:
-            self._on_done(result, error)
-        finally:
-            self._event.set()
-
-    @property
-    def done(self) -> bool:
-        return self.finished
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._event.wait(timeout)

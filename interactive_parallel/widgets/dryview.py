@@ -7,32 +7,35 @@ world exceed the live ranks, the Dry run button (`session.dry_run(plan)` for the
 else `interactive_parallel.dry_run(model, plan)`: the runtime's own layout and training step
 on fake tensors in this process, no rank touched) and the DryRun it keeps. While the switch is
 on and a dry run of the edited model is kept, the mesh and the Views' memory, communication
-and layout figures draw its records, labelled "dry run". Knows nothing of how a dry run works:
-it holds what the call returned.
+and layout figures draw its records, labelled "dry run". The plan and model being edited, and
+the parameter (and live shards) the Views' layout tab shows, come from getters it is given; a
+flipped switch or a new dry run is an event the panel routes. Knows nothing of how a dry run
+works (it holds what the call returned), nor of the sections around it.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import ipywidgets as W
 
 from .. import viz
-from ._common import button, css, figure_widget, refresh, row
+from ._common import Actions, SessionRef, button, css, figure_widget, refresh, row
+from .events import DryRunChanged, Emit
 from .render import esc, note
-
-if TYPE_CHECKING:
-    from .panel import Panel
 
 MESH_HEIGHT = 300
 FEW_RANKS = 64
 """Up to this many ranks the dry run's figures show every rank; beyond, one rank per class."""
+ShownLayout = Callable[[], tuple[Any, list]]
+"""The parameter the Views' layout tab shows (None: none yet) and the live shards it read."""
 
 
 class DryView:
     """The mesh figure, the dry-run switch and button, and the last dry run."""
 
-    def __init__(self, panel: "Panel", section: Any):
-        self.panel, self.section = panel, section
+    def __init__(self, session: SessionRef, actions: Actions, plan: Callable[[], Any], model: Callable[[], str],
+                 shown_layout: ShownLayout, emit: Emit):
+        self.session, self.plan, self.model, self.shown_layout, self.emit = session, plan, model, shown_layout, emit
         self.result: Any = None
         """The last DryRun (runtime.dryrun.DryRun), or None."""
         self.switch = css(W.Checkbox(value=False, description="dry run", indent=False, layout=W.Layout(width="auto"),
@@ -41,12 +44,12 @@ class DryView:
                           "ip-dry-run")
         self.run = button("Dry run", "ip-dry-run-button",
                           tooltip="session.dry_run(plan), or interactive_parallel.dry_run(model, plan) without a "
-                                  "session: the runtime's own code on fake tensors, here (a 70B model on 1,024 "
-                                  "ranks takes about a minute)")
+                                  "session: the runtime's own code on fake tensors, here (a large model on "
+                                  "thousands of virtual ranks takes a while)")
         self.status = css(W.HTML(), "ip-dry-run-status")
         self.mesh = figure_widget(viz.mesh_figure({}), "ip-mesh-figure", MESH_HEIGHT)
-        self.switch.observe(lambda _c: self.changed(), names="value")
-        panel.actions.on_click(self.run, "dry run", self._dry_run)
+        self.switch.observe(lambda _c: self.emit(DryRunChanged()), names="value")
+        actions.on_click(self.run, "dry run", self._dry_run)
         self.widget = W.VBox([row(self.switch, self.run, self.status), self.mesh])
 
     @property
@@ -57,23 +60,17 @@ class DryView:
         """The kept DryRun while the switch is on, else None."""
         return self.result if self.on else None
 
-    def changed(self) -> None:
-        self.section.revalidate()
-        self.panel.sync()
-        self.panel.views.refresh_selected()
-
     def _dry_run(self) -> None:
-        plan = self.section.plan()
-        s = self.panel.session
-        if self.panel.alive and s.spec is not None:
+        plan = self.plan()
+        s = self.session()
+        if self.session.alive and s.spec is not None:
             self.result = s.dry_run(plan)
         else:
             from .. import dry_run
 
-            self.result = dry_run(self.section.model_choice(), plan)
+            self.result = dry_run(self.model(), plan)
         self.status.value = note(describe(self.result))
-        self.draw(plan, self.section.predicted)
-        self.panel.views.refresh_selected()
+        self.emit(DryRunChanged())
 
     def draw(self, plan: Any, predicted: list | None) -> None:
         """The mesh of `plan` (or an empty one when it cannot run), coloured by `predicted` and, when
@@ -82,17 +79,17 @@ class DryView:
             refresh(self.mesh, viz.mesh_figure({}))
             return
         dry = self.current()
+        param, live_shards = self.shown_layout()
         if dry is not None and dry.plan.replace(device=plan.device) == plan:
-            param = self.panel.views.param.value if self.panel.views.param.value else None
             shards = dry.layout(param=param) if param in params_of(dry) else None
             refresh(self.mesh, viz.mesh_figure(plan, memory=dry.memory(), predicted=predicted, shards=shards,
                                                param=param, comms=dry.iter_comms(shown_ranks(dry)),
                                                source="dry run"))
-        elif self.panel.alive and self.panel.session.plan == plan:
-            s, views = self.panel.session, self.panel.views  # the applied plan: what the ranks measured
-            shards = [r for r in views._shards if r.param == views.param.value] or None
+        elif self.session.alive and self.session().plan == plan:
+            s = self.session()  # the applied plan: what the ranks measured
+            shards = [r for r in live_shards if r.param == param] or None
             refresh(self.mesh, viz.mesh_figure(plan, memory=s.memory(), predicted=predicted, shards=shards,
-                                               param=views.param.value or None, comms=s.comms(), source="live"))
+                                               param=param, comms=s.comms(), source="live"))
         else:
             refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted"))
 

@@ -2,24 +2,29 @@
 
 Owns the composition of the sections (the controls, Cluster, Plan, Run and Serve, in one column of
 ipywidgets' AppLayout; the Views tab of live figures beside them, so the figures stay in view
-while the buttons are pressed), the one error area they share, which session the panel drives
-(it may start, attach to or stop one), and the busy/idle state that decides which controls are
-enabled. Knows nothing that a script could not do: every button is a public Session method, so
-a workshop can copy any of it into a cell.
+while the buttons are pressed), what they share (the one error area and its action runner, the
+job runner, the prompts and sampling controls), which session the panel drives (its Cluster
+section may start, attach to or stop one), and the busy/idle state that decides which controls
+are enabled. It is the only module that knows the sections: each gets getters and shared objects
+at construction and raises typed events (widgets/events.py), which `notify` routes. Knows nothing
+that a script could not do: every button is a public Session method, so a workshop can copy any
+of it into a cell.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import ipywidgets as W
 
-from ..cluster.errors import SessionError
-from ._common import Actions, css
+from ._common import Actions, SessionRef, css
 from .cluster import ClusterSection
+from .events import DryRunChanged, Event, JobEnded, JobStarted, RanksChanged, SessionChosen, StepDone
 from .fit import FitFigures
+from .jobs import Job, JobRunner
 from .planner import PlanSection
 from .render import STYLE
 from .run import RunSection
+from .sampling import Sampling
 from .serve import ServeSection
 from .views import ViewsSection
 
@@ -39,14 +44,18 @@ class Panel(W.VBox):
     def __init__(self, session: Any = None, **kwargs: Any):
         super().__init__(**kwargs)
         self.session = session
-        self.activity: str = ""
         self.errors = css(W.Output(), "ip-error-output")
         self.actions = Actions(self.errors, sync=self.sync)
-        self.cluster = ClusterSection(self)
-        self.plan_section = PlanSection(self)
-        self.run_section = RunSection(self)
-        self.serve_section = ServeSection(self)
-        self.views = ViewsSection(self)
+        current = SessionRef(lambda: self.session)
+        emit = self.notify
+        self.jobs = JobRunner(current, self.actions, emit)
+        self.sampling = Sampling(self.actions)
+        self.cluster = ClusterSection(current, self.actions, lambda: self.jobs.activity, emit)
+        self.plan_section = PlanSection(current, self.actions, lambda: self.world_size, lambda: self.device,
+                                        lambda: self.views.shown_layout(), emit)
+        self.run_section = RunSection(current, self.actions, self.jobs, self.sampling, self.plan_section.plan, emit)
+        self.serve_section = ServeSection(current, self.actions, self.jobs, self.sampling, emit)
+        self.views = ViewsSection(current, self.actions, lambda: self.jobs.running, self.plan_section.dry.current)
         self.cluster.ranks.observe(lambda _c: self.plan_section.revalidate(), names="value")
         self.cluster.device.observe(lambda _c: self.plan_section.revalidate(), names="value")
         sections = [self.cluster.widget, self.plan_section.widget, self.run_section.widget,
@@ -64,10 +73,15 @@ class Panel(W.VBox):
         self.sync()
         self.plan_section.revalidate()
 
-    # ---- what the sections ask of the panel ----------------------------------------------------
+    # ---- what the sections are given ------------------------------------------------------------
     @property
     def alive(self) -> bool:
         return self.session is not None and self.session.alive
+
+    @property
+    def activity(self) -> str:
+        """What the running job does ('training', ...); '' when the panel is idle."""
+        return self.jobs.activity
 
     @property
     def world_size(self) -> int:
@@ -77,60 +91,63 @@ class Panel(W.VBox):
     def device(self) -> str:
         return self.session.device if self.alive else self.cluster.device.value
 
-    def require(self) -> Any:
-        if not self.alive:
-            raise SessionError("no session: start one in the Cluster section (Start or Attach)")
-        return self.session
-
     def set_session(self, session: Any) -> None:
+        """Drive `session` from now on (None: none); the pickers take its plan."""
         self.session = session
         self.views.forget()
         if self.alive and session.plan is not None:
             self.plan_section.show(session.plan)
-        self.notify("session")
-
-    def begin(self, activity: str, keep: Iterable[W.DOMWidget] = ()) -> None:
-        """Long work started: every action control off except `keep` (the Stop button)."""
-        self.activity = activity
-        self.actions.freeze(keep)
-        self.cluster.status.value = self.cluster.status_html()
-
-    def end(self) -> None:
-        self.activity = ""
         self.sync()
+        self.redraw()
 
     def sync(self) -> None:
         """Each control's enabled state from what is true now."""
-        alive, busy = self.alive, bool(self.activity)
-        for section in (self.cluster, self.plan_section, self.run_section, self.serve_section, self.views):
-            section.sync(alive, busy)
+        alive, busy = self.alive, bool(self.jobs.activity)
+        for part in (self.cluster, self.plan_section, self.jobs, self.sampling, self.run_section,
+                     self.serve_section, self.views):
+            part.sync(alive, busy)
 
-    def notify(self, event: str) -> None:
-        """Something changed ('session', 'model', 'plan', 'step', 'trained', 'served'): redraw what
-        depends on it."""
-        if event == "step":
-            self.views.on_step()
-            return
-        if event == "session":
-            self.sync()
+    def redraw(self) -> None:
+        """What the ranks hold or did changed: the plan's checks, the loss and the open tab."""
         self.plan_section.revalidate()
         self.views.refresh_loss()
         self.views.refresh_selected()
 
+    def notify(self, event: Event) -> None:
+        """Route an event a section raised to what depends on it (the one place that does)."""
+        match event:
+            case StepDone():
+                self.views.on_step()
+            case JobStarted():
+                self.cluster.show_status()
+            case SessionChosen(session=session):
+                self.set_session(session)
+            case JobEnded():
+                self.sync()
+                self.redraw()
+            case RanksChanged():
+                self.redraw()
+            case DryRunChanged():
+                self.plan_section.revalidate()
+                self.sync()
+                self.views.refresh_selected()
+            case _:
+                raise TypeError(f"not a panel event: {event!r}")
+
     # ---- the same things from a cell (tests drive these) ----------------------------------------
-    def train(self, steps: int | None = None):
+    def train(self, steps: int | None = None) -> Job | None:
         """Click Train (with `steps` typed first); the Job, whose `wait()` works outside a kernel."""
         if steps is not None:
             self.run_section.steps.value = steps
         return self.run_section.start_training()
 
-    def generate(self, prompts: str | None = None):
+    def generate(self, prompts: str | None = None) -> Job | None:
         """Click Generate (with `prompts`, one per line, typed first); the Job."""
         if prompts is not None:
-            self.run_section.prompts.value = prompts
+            self.sampling.prompts.value = prompts
         return self.run_section.start_generating()
 
-    def serve(self, count: int | None = None, **controls: Any):
+    def serve(self, count: int | None = None, **controls: Any) -> Job | None:
         """Click Serve (with `count` requests and any Serve control, e.g. policy='static', set first); the Job."""
         section = self.serve_section
         if count is not None:
@@ -147,8 +164,7 @@ class Panel(W.VBox):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Outside a kernel: block until the training, generation or serving started from the panel ends."""
-        job = self.run_section.job
-        return True if job is None else job.wait(timeout)
+        return self.jobs.wait(timeout)
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> list | None:
         """session.run(fn, ...) with the panel's error path: a failing rank is shown by number."""

@@ -1,81 +1,53 @@
 """The panel's Plan section: the model, a picker for every Plan field, problems shown as you type.
 
 Owns the pickers, made from `Plan`'s dataclass fields so that a field added to Plan appears here
-without editing the panel: bool -> Checkbox, int -> IntText, float -> FloatText, str -> Dropdown
-when plan/ names its choices (the module constant called after the field: precision ->
-PRECISIONS, pp_schedule -> PP_SCHEDULES), any other type -> Text read as a Python literal; each
-picker's tooltip is the field's docstring. `device` belongs to the Cluster section (it is the
-session's, not the plan's, to change). Also owns the live list of problems (`plan.validate`, plus
-the session's own `check_plan` when one runs), the predicted memory per rank of the picked plan
-(`plan.estimate.predict_memory`: it needs no rank, so it shows before anything starts), and the
-Load and Apply buttons (`session.load_model`, `session.apply`). Knows nothing of how a plan is
-laid out on ranks: every rule it shows comes from plan/.
+without editing the panel: a field with choices (`plan.field_choices`: its Literal type) ->
+Dropdown, bool -> Checkbox, int -> IntText, float -> FloatText, str -> Text, any other type ->
+Text read as a Python literal; each picker's tooltip is the field's docstring (`plan.field_docs`).
+`device` belongs to the Cluster section (it is the session's, not the plan's, to change): the
+ranks and device the plan must fit come from the getters it is given. Also owns the live list
+of problems (`plan.validate`, plus the session's own `check_plan` when one runs), the predicted
+memory per rank of the picked plan (`plan.estimate.predict_memory`: it needs no rank, so it
+shows before anything starts), and the Load and Apply buttons (`session.load_model`,
+`session.apply`: what the ranks hold changed, an event the panel routes). Knows nothing of how
+a plan is laid out on ranks (every rule it shows comes from plan/), nor of the other sections.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import functools
-import inspect
-import textwrap
 import typing
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import ipywidgets as W
 
 from ..plan import PRESETS, MeshAxis, Plan, PlanError, resolve_model, validate
-from ..plan import plan as plan_module
 from ..plan.estimate import predict_memory
 from ..plan.models import CONFIGS
-from ._common import button, css, row
-from .dryview import DryView
+from ..plan.plan import field_choices, field_docs
+from ._common import Actions, SessionRef, button, css, row
+from .dryview import DryView, ShownLayout
+from .events import Emit, RanksChanged
 from .render import esc, note, prediction_text, problems_html
-
-if TYPE_CHECKING:
-    from .panel import Panel
 
 CLUSTER_FIELDS = ("device",)
 """Plan fields the Cluster section owns (a session's device is fixed when it starts)."""
 PREDICTION_UNAVAILABLE = "prediction unavailable"
 
 
-@functools.cache
-def field_docs(cls: type) -> dict[str, str]:
-    """Field name -> its docstring (the string literal under the field, as Plan documents them),
-    from the class and the dataclasses it extends."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
-        except (OSError, TypeError, IndexError, AttributeError):
-            continue
-        for node, after in zip(body, body[1:]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-                docs[node.target.id] = " ".join(after.value.value.split())
-    return docs
-
-
-def choices_of(name: str) -> tuple | None:
-    found = getattr(plan_module, f"{name.upper()}S", None)
-    return tuple(found) if isinstance(found, (tuple, list)) else None
-
-
 def picker(name: str, kind: Any, value: Any, doc: str) -> W.ValueWidget:
     """The widget for one Plan field, CSS class `ip-<name>` (underscores as dashes)."""
     common = dict(description=name, tooltip=doc, style={"description_width": "initial"},
                   layout=W.Layout(width="auto"))
-    choices = choices_of(name) if kind is str else None
-    if kind is bool:
+    choices = field_choices(name)
+    if choices:
+        widget = W.Dropdown(options=list(dict.fromkeys([*choices, value])), value=value, **common)
+    elif kind is bool:
         widget = W.Checkbox(value=bool(value), indent=False, **common)
     elif kind is int:
         widget = W.IntText(value=value, **common)
     elif kind is float:
         widget = W.FloatText(value=value, **common)
-    elif choices:
-        widget = W.Dropdown(options=list(dict.fromkeys([*choices, value])), value=value, **common)
     elif kind is str:
         widget = W.Text(value=value, **common)
     else:
@@ -91,11 +63,12 @@ def grid(widgets: list[W.Widget], columns: int) -> W.GridBox:
 class PlanSection:
     """Pickers for every Plan field, the live problems and prediction, Load and Apply."""
 
-    def __init__(self, panel: "Panel"):
-        self.panel = panel
-        s = panel.session
-        start = (s.plan if panel.alive and s.plan is not None else None) or Plan(dp=panel.world_size)
-        model = s.spec.name if panel.alive and s.spec is not None else "tiny-llama"
+    def __init__(self, session: SessionRef, actions: Actions, world: Callable[[], int], device: Callable[[], str],
+                 shown_layout: ShownLayout, emit: Emit):
+        self.session, self.world_size, self.device, self.emit = session, world, device, emit
+        s = session()
+        start = (s.plan if session.alive and s.plan is not None else None) or Plan(dp=world())
+        model = s.spec.name if session.alive and s.spec is not None else "tiny-llama"
         self.preset = css(W.Dropdown(options=[*PRESETS, *CONFIGS], value=model if model in PRESETS else "tiny-llama",
                                      description="model", layout=W.Layout(width="200px")), "ip-model-preset")
         self.path = css(W.Text(placeholder="or a local model directory", layout=W.Layout(width="200px")),
@@ -112,12 +85,12 @@ class PlanSection:
         self.prediction = css(W.HTML(), "ip-memory-prediction")
         self.apply = button("Apply", "ip-apply-button", style="primary", tooltip="session.apply(plan)")
         self.predicted: list | None = None
-        self.dry = DryView(panel, self)
+        self.dry = DryView(session, actions, self.plan, self.model_choice, shown_layout, emit)
         self.pickers = [self.preset, self.path, *self.fields.values()]
         for w in self.pickers:
             w.observe(lambda _c: self.revalidate(), names="value")
-        panel.actions.on_click(self.load, "load_model", self._load)
-        panel.actions.on_click(self.apply, "apply", self._apply)
+        actions.on_click(self.load, "load_model", self._load)
+        actions.on_click(self.apply, "apply", self._apply)
         others = [w for n, w in self.fields.items() if n not in self.degrees]
         self.widget = css(W.VBox([
             W.HTML("<b>Plan</b>"),
@@ -146,7 +119,7 @@ class PlanSection:
         values, problems = self.read()
         if problems:
             raise PlanError(problems)
-        return Plan(**values, device=self.panel.device)
+        return Plan(**values, device=self.device())
 
     def show(self, plan: Plan) -> None:
         """Set the pickers to `plan` (the session's, when it has one)."""
@@ -154,18 +127,13 @@ class PlanSection:
             value = getattr(plan, name)
             w.value = repr(value) if isinstance(w, W.Text) and self.kinds[name] is not str else value
 
-    def knobs(self, train: Callable) -> dict[str, Any]:
-        """The picked training knobs that `train` takes as keyword overrides (those that are Plan fields)."""
-        plan = self.plan()
-        return {n: getattr(plan, n) for n in inspect.signature(train).parameters if n in self.fields}
-
     def model_choice(self) -> str:
         return self.path.value.strip() or self.preset.value
 
     def spec(self) -> tuple[Any, str]:
         """(spec to validate against, a note saying which). The loaded model wins over the pickers."""
-        s = self.panel.session
-        if self.panel.alive and s.spec is not None:
+        s = self.session()
+        if self.session.alive and s.spec is not None:
             return s.spec, f"{s.spec.name} (loaded)"
         try:
             spec = resolve_model(self.model_choice())
@@ -179,11 +147,11 @@ class PlanSection:
         spec, model_note = self.spec()
         if problems:
             return None, problems, spec, model_note
-        plan = Plan(**values, device=self.panel.device)
+        plan = Plan(**values, device=self.device())
         problems = validate(plan, self.world(plan), spec)
-        if self.panel.alive and not self.dry.on:
+        if self.session.alive and not self.dry.on:
             try:
-                self.panel.session.check_plan(plan)  # the session's own extra rules (its device)
+                self.session().check_plan(plan)  # the session's own extra rules (its device)
             except PlanError as exc:
                 problems += [p for p in exc.problems if p not in problems]
         if spec is None:
@@ -192,15 +160,15 @@ class PlanSection:
 
     def world(self, plan: Plan) -> int:
         """The ranks the plan must fit: the live ones, or in dry-run mode its own degrees' product."""
-        return plan.world_size if self.dry.on else self.panel.world_size
+        return plan.world_size if self.dry.on else self.world_size()
 
     def revalidate(self) -> list[str]:
         plan, problems, spec, model_note = self.problems()
         label = plan.describe() if plan is not None else "?"
         fits = f"lays out on {plan.world_size} virtual ranks (dry run)" if self.dry.on and plan is not None \
-            else f"fits {self.panel.world_size} ranks"
+            else f"fits {self.world_size()} ranks"
         text = problems_html(label, problems, fits, model_note if spec is not None else "")
-        current = self.panel.session.plan if self.panel.alive else None
+        current = self.session().plan if self.session.alive else None
         if current is not None and current != plan:
             text += f"<div>{note(f'not applied yet: the ranks run {current.describe()}; click Apply')}</div>"
         elif current is not None:
@@ -224,12 +192,12 @@ class PlanSection:
 
     # ---- actions ---------------------------------------------------------------------------------
     def _load(self) -> None:
-        self.panel.require().load_model(self.model_choice())
-        self.panel.notify("model")
+        self.session.require().load_model(self.model_choice())
+        self.emit(RanksChanged())
 
     def _apply(self) -> None:
-        self.panel.require().apply(self.plan())
-        self.panel.notify("plan")
+        self.session.require().apply(self.plan())
+        self.emit(RanksChanged())
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.load.disabled = not alive or busy

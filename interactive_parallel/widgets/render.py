@@ -4,7 +4,8 @@ Owns how a VerifyReport, doctor()'s RankInfo rows, a plan's problems, a memory p
 streamed completions read, and the CSS that gives them colour. Colours come from JupyterLab's
 theme variables (`--jp-*`), never fixed light values, so the panel reads the same in the light
 and the dark theme; in a dark theme the plotly figures (drawn by viz/ on a white template) are
-inverted by a CSS filter that keeps their hues. Pure functions of records and strings: knows
+inverted by a CSS filter that keeps their hues. Each Views tab is as wide as its label (the tab
+bar scrolls when a column is too narrow for them all), so no label is cut. Pure functions of records and strings: knows
 nothing of widgets, sessions or how the records were made.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ STYLE = """<style>
 .ip-panel table.ip-table td { padding: 0 1em 0 0; font-family: var(--jp-code-font-family); }
 .ip-panel .ip-scroll { max-height: 220px; overflow: auto; }
 .ip-panel .ip-section-views, .ip-panel .ip-figure { min-width: 0; overflow: hidden; }
+.ip-panel .ip-views > .lm-TabBar { overflow-x: auto; overflow-y: hidden; }
+.ip-panel .ip-views > .lm-TabBar .lm-TabBar-tab { flex: 0 0 auto; }
 .ip-panel pre { margin: 0; white-space: pre-wrap; color: var(--jp-ui-font-color1); }
 body[data-jp-theme-light="false"] .ip-panel .ip-figure .main-svg { filter: invert(0.9) hue-rotate(180deg); }
 </style>"""

@@ -2,33 +2,29 @@
 
 Owns the controls of a serving run: how many requests, one every how many seconds, how many
 tokens at most, how many at once, which engine and policy; the requests come from
-plan/inference.staggered_requests over the Run section's prompts and sampling settings
+plan/inference.staggered_requests over the shared prompts and sampling controls it is given
 (`do_sample`, temperature, top-k), so a script makes the same ones. Serve calls
-`session.serve_async(on_token=..., on_request=...)` as the Run section's Job (Stop ends it) and
-shows each request's text growing as its tokens arrive; Quantize and Full precision call
-`session.quantize(scheme)` and `session.dequantize()`. Knows nothing of how ranks serve, nor
-of figures: the Views tabs draw from the session once a call ends.
+`session.serve_async(on_token=..., on_request=...)` as the panel's Job through the job runner
+it is given (Stop ends it) and shows each request's text growing as its tokens arrive;
+Quantize and Full precision call `session.quantize(scheme)` and `session.dequantize()`. Knows
+nothing of how ranks serve, of the other sections, nor of figures: the panel redraws the
+Views when a job ends or the weights change.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Coroutine
+from typing import Any, Coroutine
 
 import ipywidgets as W
 
 from ..plan.inference import ENGINES, POLICIES, QUANT_SCHEMES, staggered_requests
 from ..records import QuantizeRecord, RequestRecord, ServeResult, TokenRecord
-from ._common import button, css, row
+from ._common import Actions, SessionRef, button, css, row
+from .events import Emit, JobKind, RanksChanged
+from .jobs import Job, JobRunner
 from .render import esc, note, table
-
-if TYPE_CHECKING:
-    from .panel import Panel
+from .sampling import DEFAULT_PROMPT, Sampling, number
 
 QUANTIZE_COLUMNS = ("rank", "linears", "params before", "after", "tok/s before", "after", "tokens unchanged")
-
-
-def _number(widget: type, value: Any, description: str, cls: str, width: str) -> W.ValueWidget:
-    return css(widget(value=value, description=description, style={"description_width": "initial"},
-                      layout=W.Layout(width=width)), cls)
 
 
 def requests_html(rows: dict[str, dict]) -> str:
@@ -52,12 +48,12 @@ def quantization_html(records: list[QuantizeRecord]) -> str:
 class ServeSection:
     """Serve generated requests (streamed, stoppable); quantize the model or return to full precision."""
 
-    def __init__(self, panel: "Panel"):
-        self.panel = panel
-        self.count = _number(W.IntText, 12, "requests", "ip-serve-count", "120px")
-        self.gap = _number(W.FloatText, 0.05, "every (s)", "ip-serve-gap", "130px")
-        self.max_tokens = _number(W.IntText, 16, "max tokens", "ip-serve-max-tokens", "130px")
-        self.max_batch = _number(W.IntText, 4, "at once", "ip-serve-max-batch", "110px")
+    def __init__(self, session: SessionRef, actions: Actions, jobs: JobRunner, sampling: Sampling, emit: Emit):
+        self.session, self.jobs, self.sampling, self.emit = session, jobs, sampling, emit
+        self.count = number(W.IntText, 12, "requests", "ip-serve-count", "120px")
+        self.gap = number(W.FloatText, 0.05, "every (s)", "ip-serve-gap", "130px")
+        self.max_tokens = number(W.IntText, 16, "max tokens", "ip-serve-max-tokens", "130px")
+        self.max_batch = number(W.IntText, 4, "at once", "ip-serve-max-batch", "110px")
         self.engine = css(W.Dropdown(options=ENGINES, value="auto", description="engine",
                                      layout=W.Layout(width="180px")), "ip-serve-engine")
         self.policy = css(W.Dropdown(options=POLICIES, value="continuous", description="policy",
@@ -71,13 +67,13 @@ class ServeSection:
         self.quantize_out = css(W.HTML(), "ip-quantize-output")
         self._rows: dict[str, dict] = {}
         self._ids: list[str] = []
-        panel.actions.register(self.serve, self.count, self.gap, self.max_tokens, self.max_batch, self.engine,
-                               self.policy, self.scheme)
+        actions.register(self.serve, self.count, self.gap, self.max_tokens, self.max_batch, self.engine,
+                         self.policy, self.scheme)
         self.serve.on_click(lambda _b: self.start_serving())
-        panel.actions.on_click(self.quantize, "quantize", self._quantize)
-        panel.actions.on_click(self.dequantize, "dequantize", self._dequantize)
+        actions.on_click(self.quantize, "quantize", self._quantize)
+        actions.on_click(self.dequantize, "dequantize", self._dequantize)
         self.widget = css(W.VBox([
-            W.HTML("<b>Serve</b> <span class='ip-note'>(prompts and sampling from Run)</span>"),
+            W.HTML("<b>Serve</b> <span class='ip-note'>(prompts and sampling as for Generate)</span>"),
             row(self.count, self.gap, self.max_tokens, self.max_batch),
             row(self.engine, self.policy, self.serve),
             self.serve_out,
@@ -87,14 +83,11 @@ class ServeSection:
 
     def requests(self) -> list:
         """The requests the controls describe (plan/inference.staggered_requests)."""
-        run = self.panel.run_section
-        prompts = [line for line in run.prompts.value.splitlines() if line.strip()] or ["12+35="]
-        sampling = dict(do_sample=run.do_sample.value)
-        if run.do_sample.value:
-            sampling.update(temperature=float(run.temperature.value), top_k=run.top_k.value)
-        return staggered_requests(self.count.value, float(self.gap.value), self.max_tokens.value, prompts, **sampling)
+        prompts = self.sampling.lines() or [DEFAULT_PROMPT]
+        return staggered_requests(self.count.value, float(self.gap.value), self.max_tokens.value, prompts,
+                                  **self.sampling.request_options())
 
-    def start_serving(self):
+    def start_serving(self) -> Job | None:
         """`session.serve_async(requests, ..., on_token=..., on_request=...)` as the panel's Job."""
         reqs = self.requests()
         self._ids = [r.id for r in reqs]
@@ -108,8 +101,7 @@ class ServeSection:
                                        on_request=self._on_request)
 
         total = sum(r.max_new_tokens for r in reqs)
-        return self.panel.run_section.start_job("serve", "serving", make, total, self._served,
-                                                f"serving {len(reqs)} requests ...")
+        return self.jobs.start(JobKind.SERVE, make, total, self._served, f"serving {len(reqs)} requests ...")
 
     def _on_token(self, record: TokenRecord) -> None:
         if not 0 <= record.prompt < len(self._ids):
@@ -117,8 +109,7 @@ class ServeSection:
         r = self._rows[self._ids[record.prompt]]
         r["text"] += record.text
         r["state"] = "decoding"
-        progress = self.panel.run_section.progress
-        progress.value = min(progress.value + 1, progress.max)
+        self.jobs.advance()
         self.serve_out.value = requests_html(self._rows)
 
     def _on_request(self, record: RequestRecord) -> None:
@@ -130,20 +121,19 @@ class ServeSection:
         for rec in result.requests:
             self._rows[rec.id].update(text=rec.text, reason=rec.finish_reason)
         self.serve_out.value = requests_html(self._rows)
-        self.panel.run_section.status.value = esc(
+        self.jobs.say(esc(
             f"served {len(result.requests)} requests with {result.engine} ({result.policy}): {result.tokens} tokens, "
             f"{result.tokens_per_s:.0f} tokens/s, {result.n_steps} steps, mean time to first token "
-            f"{result.mean_ttft * 1e3:.0f} ms")
-        self.panel.notify("served")
+            f"{result.mean_ttft * 1e3:.0f} ms"))
 
     def _quantize(self) -> None:
-        self.quantize_out.value = quantization_html(list(self.panel.require().quantize(self.scheme.value)))
-        self.panel.notify("model")
+        self.quantize_out.value = quantization_html(list(self.session.require().quantize(self.scheme.value)))
+        self.emit(RanksChanged())
 
     def _dequantize(self) -> None:
-        self.panel.require().dequantize()
+        self.session.require().dequantize()
         self.quantize_out.value = quantization_html([])
-        self.panel.notify("model")
+        self.emit(RanksChanged())
 
     def sync(self, alive: bool, busy: bool) -> None:
         for w in (self.serve, self.count, self.gap, self.max_tokens, self.max_batch, self.engine, self.policy,

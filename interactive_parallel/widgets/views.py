@@ -13,41 +13,64 @@ per rank, compute and communication per step), requests (timeline, latency) and 
 come from the latest generate / serve / quantize call the Session kept (`decoding()`,
 `served()`, `quantized()`: local reads), redrawn when such a call ends. In the Plan section's
 dry-run mode, with a dry run kept, memory, communication and layout draw the dry run's records
-instead (widgets/dryview.py), labelled so, with or without a session. Knows nothing of how
-records are measured, nor of the controls; fitting the figures to the column is widgets/fit.py's.
+instead (widgets/dryview.py), labelled so, with or without a session. Whether the ranks are
+busy and which dry run is kept come from getters it is given. Tab labels are short and each tab
+as wide as its label, and no figure is laid out narrower than a title line fits
+(viz.TITLE_FITS_PX), so labels and titles are never cut. Knows nothing of how records are
+measured, nor of the controls or the other sections; fitting the figures to the column is
+widgets/fit.py's.
 """
 from __future__ import annotations
 
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import ipywidgets as W
+import plotly.graph_objects as go
 
 from .. import viz
 from ..cluster.errors import RankError
 from ..records import CommRecord, PipelineEvent
 from ..plan.estimate import predict_memory
-from ._common import button, css, describe_error, figure_widget, refresh, row
+from ._common import Actions, SessionRef, button, css, describe_error, figure_widget, refresh, row
 from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
 
-if TYPE_CHECKING:
-    from .panel import Panel
-
 TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization")
+"""Each tab's name (its page's and message's CSS classes: ip-view-<name>, ip-<name>-message)."""
+TAB_TITLES = {"communication": "comms", "quantization": "quantized"}
+"""Labels shorter than the name where the name is long; the others show their name."""
+TAB_CHARS = 9
+"""The longest label: eight labels this short side by side fit the views' column."""
 DRY_TABS = ("memory", "communication", "layout")
 """The tabs that draw a dry run's records in dry-run mode."""
 LIVE_INTERVAL_S = 0.5
-"""Least time between two live redraws during training: a step of a tiny model takes ~0.1 s,
-and redrawing every figure at that rate would slow the client more than it shows."""
+"""Least time between two live redraws during training: a tiny model's steps come faster than
+that, and redrawing every figure at their rate would slow the client more than it shows."""
+SIDE_BY_SIDE = f"repeat(auto-fit, minmax(min(100%, {viz.TITLE_FITS_PX}px), 1fr))"
+"""Grid columns for figures side by side: two while each keeps the width a title line fits,
+else one under the other."""
 SHARD_COLUMNS = ("rank", "stage", "coords", "placements", "global_shape", "local_shape", "index")
+
+
+def tab_title(name: str) -> str:
+    return TAB_TITLES.get(name, name)
+
+
+def dry_labelled(figure: go.Figure) -> go.Figure:
+    """`figure` with '(dry run)' after its title (on a line of its own when the last is full)."""
+    return viz.add_to_title(figure, "(dry run)")
 
 
 class ViewsSection:
     """The Tab of figures and the rules for when each is redrawn."""
 
-    def __init__(self, panel: "Panel"):
-        self.panel = panel
+    def __init__(self, session: SessionRef, actions: Actions, busy: Callable[[], bool], dry: Callable[[], Any]):
+        self.session, self.busy, self._dry = session, busy, dry
+        self._drawing = threading.RLock()
+        """Held while a figure is redrawn: outside a kernel the job's steps arrive on its thread
+        while a tab opens on this one, and two redraws of one figure at once would both add its traces."""
         self.live_interval = LIVE_INTERVAL_S
         self.figures = {cls: figure_widget(figure, cls, height) for cls, figure, height in (
             ("ip-loss-figure", viz.loss_figure(None), 360),
@@ -80,7 +103,7 @@ class ViewsSection:
             "loss": [self.loss],
             "memory": [self.memory],
             "communication": [W.GridBox([self.comm_matrix, self.comm_breakdown], layout=W.Layout(
-                grid_template_columns="minmax(0, 1fr) minmax(0, 1fr)")), self.timeline],
+                grid_template_columns=SIDE_BY_SIDE)), self.timeline],
             "layout": [self.param, self.sharding, self.layout_table],
             "pipeline": [self.pipeline],
             "decoding": [self.tokens_per_step, self.kv_memory, self.step_split],
@@ -88,12 +111,12 @@ class ViewsSection:
             "quantization": [self.quantization],
         }
         self.pages = {t: css(W.VBox([self.messages[t], *pages[t]]), f"ip-view-{t}") for t in TABS}
-        self.tab = css(W.Tab(children=[self.pages[t] for t in TABS], titles=list(TABS)), "ip-views")
+        self.tab = css(W.Tab(children=[self.pages[t] for t in TABS], titles=[tab_title(t) for t in TABS]), "ip-views")
         self.tab.observe(lambda _c: self.refresh_selected(), names="selected_index")
         self._quiet = False
-        self.param.observe(lambda _c: self._quiet or self._draw_sharding(), names="value")
+        self.param.observe(lambda _c: self._quiet or self._param_changed(), names="value")
         self.refresh_button.on_click(lambda _b: self.refresh_selected(force=True))
-        panel.actions.register(self.refresh_button)
+        actions.register(self.refresh_button)
         self.widget = css(W.VBox([row(W.HTML("<b>Views</b>"), self.refresh_button), self.tab]),
                           "ip-section", "ip-section-views")
         self.refresh_loss()
@@ -114,24 +137,32 @@ class ViewsSection:
             self.refresh_selected()
 
     def refresh_loss(self) -> None:
-        history = list(self.panel.session.history) if self.panel.alive else []
-        refresh(self.loss, viz.loss_figure(history))
-        self.messages["loss"].value = "" if history else note("no steps yet: Train to see the loss per rank")
+        with self._drawing:
+            history = list(self.session().history) if self.session.alive else []
+            refresh(self.loss, viz.loss_figure(history))
+            self.messages["loss"].value = "" if history else note("no steps yet: Train to see the loss per rank")
 
     def refresh_selected(self, force: bool = False) -> None:
         """Redraw the open tab from what the session holds (`force`: read the layout again too)."""
-        name = self.selected
+        with self._drawing:
+            self._refresh(self.selected, force)
+
+    def _refresh(self, name: str, force: bool) -> None:
         if name == "loss":
             self.refresh_loss()
         elif self.dry() is not None and name in DRY_TABS:
             self._guarded(name, lambda: getattr(self, f"_draw_dry_{name}")())
-        elif not self.panel.alive:
+        elif not self.session.alive:
             self.messages[name].value = note("no session")
-        elif name == "layout" and self.panel.run_section.running:
+        elif name == "layout" and self.busy():
             if self._layout_key is None:
                 self.messages[name].value = note("the layout is read from the ranks when they are not busy")
         else:
             self._guarded(name, lambda: getattr(self, f"_draw_{name}")(force))
+
+    def _param_changed(self) -> None:
+        with self._drawing:
+            self._draw_sharding()
 
     def _guarded(self, name: str, draw: Callable[[], str]) -> None:
         """Run a draw; its note, or why it could not draw, goes in the tab (the error area is left
@@ -143,12 +174,12 @@ class ViewsSection:
             self.messages[name].value = f"<div class='{cls}'>{pre(describe_error(exc, name))}</div>"
 
     def _plan_key(self) -> tuple:
-        s = self.panel.session
+        s = self.session()
         return id(s), s.plan, s.spec.name if s.spec is not None else None
 
     # ---- one draw per tab ------------------------------------------------------------------------
     def _draw_memory(self, force: bool = False) -> str:
-        s = self.panel.session
+        s = self.session()
         key = self._plan_key()
         why = ""
         if self._predicted is None or self._predicted[0] != key or force:
@@ -163,7 +194,7 @@ class ViewsSection:
         return "" if measured else note("predicted (hatched) only: Train a step to measure")
 
     def _draw_communication(self, force: bool = False) -> str:
-        s = self.panel.session
+        s = self.session()
         comms = s.comms()
         refresh(self.comm_matrix, viz.comm_matrix_figure(comms))
         refresh(self.comm_breakdown, viz.comm_breakdown_figure(comms))
@@ -176,7 +207,7 @@ class ViewsSection:
         key = self._plan_key()
         if key == self._layout_key and not force:
             return self.messages["layout"].value
-        self._shards = list(self.panel.session.layout())
+        self._shards = list(self.session().layout())
         self._layout_key = key
         names = sorted({r.param for r in self._shards})
         keep = self.param.value if self.param.value in names else (names[0] if names else None)
@@ -195,26 +226,24 @@ class ViewsSection:
             self._shards = list(self.dry().layout(param=param))
             dry_run = True
         figure = viz.sharding_figure(self._shards, param)
-        if dry_run:
-            figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
-        refresh(self.sharding, figure)
+        refresh(self.sharding, dry_labelled(figure) if dry_run else figure)
         rows = [r for r in viz.layout_table(self._shards) if r["param"] == param] if self._shards else []
         self.layout_table.value = table(SHARD_COLUMNS, [[r[c] for c in SHARD_COLUMNS] for r in rows]) if rows else ""
 
     def _draw_pipeline(self, force: bool = False) -> str:
-        events = [e for e in self.panel.session.timeline() if isinstance(e, PipelineEvent)]
+        events = [e for e in self.session().timeline() if isinstance(e, PipelineEvent)]
         refresh(self.pipeline, viz.pipeline_figure(events))
         return "" if events else note("no pipeline events: Apply a plan with pp > 1 and Train")
 
     def _draw_decoding(self, force: bool = False) -> str:
-        steps = list(self.panel.session.decoding())
+        steps = list(self.session().decoding())
         refresh(self.tokens_per_step, viz.tokens_per_step_figure(steps))
         refresh(self.kv_memory, viz.kv_memory_figure(steps))
         refresh(self.step_split, viz.step_split_figure(steps))
         return "" if steps else note("no decoding yet: Generate or Serve")
 
     def _draw_requests(self, force: bool = False) -> str:
-        served = self.panel.session.served()
+        served = self.session().served()
         requests = list(served.requests) if served is not None else []
         refresh(self.request_timeline, viz.request_timeline_figure(requests))
         refresh(self.latency, viz.latency_figure(requests))
@@ -223,30 +252,27 @@ class ViewsSection:
         return note(f"{served.engine} engine ({served.reason}), policy {served.policy}, plan {served.plan}")
 
     def _draw_quantization(self, force: bool = False) -> str:
-        records = list(self.panel.session.quantized())
+        records = list(self.session().quantized())
         refresh(self.quantization, viz.quantization_figure(records))
         return "" if records else note("full precision: Quantize in the Serve section")
 
     # ---- a dry run's records (dry-run mode) ----------------------------------------------------------
     def dry(self) -> Any:
-        return self.panel.plan_section.dry.current()
+        """The kept dry run while dry-run mode is on, else None."""
+        return self._dry()
 
     def _draw_dry_memory(self) -> str:
         dry = self.dry()
         ranks = set(shown_ranks(dry))
         predicted = [m for m in predict_memory(dry.spec, dry.plan) if m.rank in ranks]
-        figure = viz.memory_figure([m for m in dry.memory() if m.rank in ranks], predicted)
-        figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
-        refresh(self.memory, figure)
+        refresh(self.memory, dry_labelled(viz.memory_figure([m for m in dry.memory() if m.rank in ranks], predicted)))
         return label(dry)
 
     def _draw_dry_communication(self) -> str:
         dry = self.dry()
         comms = dry.comms(shown_ranks(dry))
         for widget, draw in ((self.comm_matrix, viz.comm_matrix_figure), (self.comm_breakdown, viz.comm_breakdown_figure)):
-            figure = draw(comms)
-            figure.update_layout(title_text=f"{figure.layout.title.text} (dry run)")
-            refresh(widget, figure)
+            refresh(widget, dry_labelled(draw(comms)))
         refresh(self.timeline, viz.timeline_figure(None))
         return label(dry) + note("no timeline in a dry run: nothing ran")
 
@@ -264,6 +290,10 @@ class ViewsSection:
         self._layout_key = None  # the live layout is read again when dry-run mode ends
         self._draw_sharding(dry_run=True)
         return label(dry)
+
+    def shown_layout(self) -> tuple[str | None, list]:
+        """The parameter the layout tab shows (None: none yet) and the shards last read for it."""
+        return self.param.value or None, self._shards
 
     def forget(self) -> None:
         """The session changed: nothing drawn so far describes it."""

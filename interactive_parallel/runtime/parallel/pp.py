@@ -148,8 +148,8 @@ def stage_examples(module: StageModule, plan: Plan) -> tuple[torch.Tensor, torch
     """What a stage takes and gives per microbatch, as meta tensors (shapes, strides, dtypes only).
 
     Given to PipelineStage, they spare the schedule its shape inference on the first step: a
-    forward of the first microbatch whose saved tensors (measured: a third more activation
-    memory on the first stage) and metadata messages a dry run's fake group cannot carry.
+    forward of the first microbatch whose saved tensors (they raise the first stage's
+    activation peak) and metadata messages a dry run's fake group cannot carry.
     Token ids arrive as `batch[:, :-1]` of a (rows, seq + 1) batch (runtime.train), hence the
     stride; hidden states and their gradients are fp32 under autocast (the residual stream is);
     the last stage's logits take the autocast dtype.

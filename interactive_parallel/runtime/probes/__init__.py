@@ -20,8 +20,8 @@ from .layout import shard_records
 
 ENABLED = [True]
 # Byte counts walk every parameter, gradient and optimizer state, and the activation
-# peak needs a Python hook per saved tensor: together ~1 ms of a 13 ms tiny-llama step
-# (profiled), the costliest probes. With the layout and shapes fixed these numbers do not
+# peak needs a Python hook per saved tensor: together the costliest probes, a visible
+# share of a small model's step (bench/bench_probes.py). With the layout and shapes fixed these numbers do not
 # change from step to step, so they are measured on a layout's first step (per shape)
 # and every MEASURE_EVERY steps; the steps between report the last measurement. The
 # comm ledger and compute intervals are recorded on every step.

@@ -5,7 +5,7 @@ all-reduce from its C++ Reducer, FSDP2, pipeline send/recv, plain torch.distribu
 each `_c10d_functional::*` op (DTensor / TP) is given a Python kernel at the Autograd
 dispatch keys (AutogradCPU, AutogradCUDA) that notes the op and redispatches to the real
 one. Why there and not a TorchDispatchMode: a mode sees every aten op of the step in
-Python (measured: FSDP steps 2.5x slower), these kernels run only for communication.
+Python (a step then runs several times slower), these kernels run only for communication.
 Why not monkeypatching torch.distributed: FSDP2 and DTensor call lower layers directly.
 DDP's Reducer calls `c10d::allreduce_` through the dispatcher too, so its buckets are
 seen here as they are: one all_reduce per bucket, its bytes the bucket's (the sum over a

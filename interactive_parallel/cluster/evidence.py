@@ -1,0 +1,55 @@
+"""What is gathered about a failed call before it is explained (cluster/diagnose.py names it).
+
+Owns the two short waits that make the naming right: for a dead process behind a lost
+connection (on another host only the controller's heartbeat sees it; a process of our own
+pool is seen at once), and for blocked peers to time out too, so the rank still running after
+them can be named hung. Knows nothing of models; reads the rank set's caller and processes.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from . import diagnose
+from .diagnose import STUCK_MARGIN_S, Evidence
+from .errors import RankError, remote_error_fields
+
+if TYPE_CHECKING:
+    from .rankset import RankSet
+
+DEATH_WAIT_S = 4.0
+"""After a peer's connection dropped, how long to look for a dead engine behind it."""
+
+
+async def gather_evidence(ranks: "RankSet", exc: RankError) -> Evidence:
+    dead = ranks.dead_ranks()
+    if not dead and diagnose.lost_peer(exc):
+        for _ in range(int(DEATH_WAIT_S / 0.05)):
+            dead = ranks.dead_ranks()
+            if dead or ranks.caller is None:
+                break
+            await asyncio.sleep(0.05)
+    if dead:
+        ranks.mark_gone(dead)
+    hung, finished = None, {}
+    if diagnose.wait_for_hung(exc, dead):
+        hung, finished = await still_running(ranks)
+    return Evidence(hosts=list(ranks.caller.hosts), collective_timeout=ranks.collective_timeout, dead=dead,
+                    hung=hung, finished=finished, fired=list(ranks.fired), armed=list(ranks.faults),
+                    controller_gone=ranks.controller_gone(), controller_pid=ranks.controller_pid())
+
+
+async def still_running(ranks: "RankSet") -> tuple[list[int], dict[int, str]]:
+    """Wait (up to STUCK_MARGIN_S) while more than one straggler runs; then the ranks still
+    running (left pending on the caller), and the first error line of those that failed meanwhile."""
+    pending = ranks.caller.pending
+    deadline = time.monotonic() + STUCK_MARGIN_S
+    while time.monotonic() < deadline and sum(not ar.done() for _, ar in pending) > 1:
+        await asyncio.sleep(0.05)
+    finished = {r: diagnose.first_line(*remote_error_fields(ar.exception())[:2])
+                for r, ar in pending if ar.done() and ar.exception() is not None}
+    hung = [r for r, ar in pending if not ar.done()]
+    if hung:
+        ranks.caller.pending = [(r, ar) for r, ar in pending if not ar.done()]
+    return hung, finished

@@ -1,0 +1,72 @@
+"""Forming the ranks' process group: which engine is which rank, where rank 0 opens the store
+and how every rank joins it.
+
+Owns the rank assignment (`assign`: stable, hosts contiguous, per-host local ranks, one GPU
+each under CUDA), the choice of the rendezvous address (loopback on one host; across hosts the interface
+the user names, checked on every rank first, or the one rank 0 reaches the controller
+through: runtime/net.py picks the address on the rank) and the refusal of an address other
+hosts cannot reach. Knows nothing of models, and nothing of pools beyond the call it is
+handed (`call(fn, args, ranks=..., what=..., timeout=...)`, results in rank order).
+"""
+from __future__ import annotations
+
+from typing import Awaitable, Callable, Sequence
+
+from ..records import GroupMember, RankPlace
+from ..runtime import api, net
+from . import engine_side
+from .errors import SessionError
+
+
+async def form_group(call: Callable[..., Awaitable[list]], places: Sequence[RankPlace], *, device: str,
+                     collective_timeout: float, interface: str | None) -> list[GroupMember]:
+    """Rank 0 opens the store on its chosen address, every rank joins; each rank's GroupMember."""
+    hosts = list(dict.fromkeys(p.host for p in places))
+    if interface:
+        await check_interface(call, interface)
+    toward = None
+    if interface is None and len(hosts) > 1:
+        (toward,) = await call(engine_side.controller_address, ranks=[0], what="rendezvous")
+    (addr, port), = await call(api.master_endpoint, (interface, toward), ranks=[0], what="rendezvous")
+    if len(hosts) > 1 and net.is_loopback(addr):
+        await call(api.release_endpoint, ranks=[0], what="rendezvous")
+        how = f"interface {interface!r}" if interface else f"its route to the controller at {toward}"
+        raise SessionError(f"rank 0 (host {hosts[0]}) would rendezvous on loopback {addr} ({how}), which "
+                           f"the ranks on {', '.join(hosts[1:])} cannot reach: name the interface the hosts "
+                           "reach each other through, e.g. Session.attach(..., interface='eth0')")
+    return await call(api.init_process_group, (addr, port, device, collective_timeout, interface),
+                      what="init_process_group", timeout=collective_timeout + 10)
+
+
+async def check_interface(call: Callable[..., Awaitable[list]], interface: str) -> None:
+    """Every rank has an IPv4 address on `interface`, or SessionError naming those without."""
+    found = await call(api.network, (interface,), what="rendezvous")
+    missing = [f"rank {r} on {f.host} (interfaces: {', '.join(f.interfaces)})"
+               for r, f in enumerate(found) if not f.address]
+    if missing:
+        raise SessionError(f"interface {interface!r} has no IPv4 address on " + "; ".join(missing))
+
+
+def assign(ids: list[int], facts: list, device: str) -> list[RankPlace]:
+    """Ranks in a stable order: hosts in order of their lowest engine id, engine ids within a
+    host, so a host's ranks are contiguous (TP, the innermost mesh axis, stays on one host);
+    under CUDA every local rank needs a GPU of its own."""
+    hosts = list(dict.fromkeys(f.host for f in facts))
+    order = sorted(range(len(ids)), key=lambda i: (hosts.index(facts[i].host), ids[i]))
+    if device == "cuda":
+        short = sorted({f"{f.host} has {f.cuda} GPU(s)" for f in facts if f.cuda == 0})
+        if short:
+            raise SessionError("device 'cuda' asked for, but " + "; ".join(short))
+    local: dict[str, int] = {}
+    places = []
+    for rank, i in enumerate(order):
+        f = facts[i]
+        places.append(RankPlace(rank=rank, engine_id=ids[i], host=f.host, pid=f.pid, cores=f.cores, cuda=f.cuda,
+                                local_rank=local.setdefault(f.host, 0)))
+        local[f.host] += 1
+    if device == "cuda":
+        gpus = {h: min(f.cuda for f in facts if f.host == h) for h in local}
+        over = [f"{h}: {n} ranks > {gpus[h]} GPUs" for h, n in local.items() if n > gpus[h]]
+        if over:
+            raise SessionError("one GPU per local rank needed; " + "; ".join(over))
+    return places

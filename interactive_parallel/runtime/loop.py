@@ -1,0 +1,155 @@
+"""The long calls (train, generate, serve) and the one boundary every long loop crosses.
+
+Owns `long_call`, the frame of a call that streams and can be stopped (faults armed for
+it fire in it only; whatever the channel's sink still holds leaves before it returns or
+raises), and `Boundary`, what a loop does between two steps: its records go out (kept for
+the call's return when no driver listens), the ranks' stop agreement is read (a vote cast
+during the step just run, runtime.channel.cast_stop_vote, else one agreement now) and,
+when they go on, the faults armed for the next step fire (runtime.faults). A new loop
+crosses a Boundary; it never rolls its own. Also owns the bodies of train, generate and
+serve, which runtime.api calls once it has checked the rank is ready.
+
+The train loop is the hot path (bench/bench_session.py times it against plain DDP): a
+boundary adds no collective of its own under DDP (the vote rides in the step's last
+gradient bucket, runtime.channel.ddp_vote_hook) and no per-step work beyond a few calls.
+Knows nothing of ipyparallel or of the client: what listens is runtime.channel's business.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+from ..plan import MeshAxis
+from ..records import (GenerateOptions, Generation, Request, ScratchLayout, ServeOptions, ServeResult, StepRecord,
+                       TokenRecord)
+from . import channel, faults
+
+class Boundary:
+    """One long call's crossing between steps, on one rank (long_call makes it)."""
+
+    def __init__(self, device: Any = "cpu"):
+        self.device = device
+        self.kept: list = []
+        """The records no driver took: the call returns them."""
+        self._vote: Any = None
+        self._cast = False
+
+    @property
+    def streaming(self) -> bool:
+        """Whether a driver listens (a record only it would read need not be built otherwise)."""
+        return channel.streaming()
+
+    def send(self, record: Any, keep: bool = True) -> None:
+        """Hand `record` to the driver now; when none listens, keep it for the call's return
+        (`keep=False`: drop it, for records that only matter live, such as streamed tokens)."""
+        if not channel.emit(record) and keep:
+            self.kept.append(record)
+
+    def cast(self) -> None:
+        """Cast this rank's stop vote without waiting for it; the next crossing reads it. A
+        training step calls this once its gradients are ready (train_step's after_backward)."""
+        self._vote, self._cast = channel.cast_stop_vote(self.device), True
+
+    def stop(self, finished: bool | None = None) -> bool:
+        """True on every rank when the ranks agree to stop here: the vote cast during the step
+        just run, else one agreement now (with `finished`: also when every rank has finished)."""
+        if self._cast:
+            vote, self._vote, self._cast = self._vote, None, False
+            return channel.read_stop_vote(vote)
+        return channel.agree_stop(self.device, finished)
+
+    def fire(self) -> None:
+        """Fire the faults armed for the step that starts, agreeing nothing: before a loop's
+        first step (generate), or in a loop that agrees on stopping its own way (serving)."""
+        faults.boundary()
+
+    def cross(self, *records: Any, finished: bool | None = None) -> bool:
+        """Between two steps: `records` out, the stop agreement read (see `stop`) and, when the
+        ranks go on, the faults armed for the next step fired. True: stop here."""
+        for record in records:
+            self.send(record)
+        if self.stop(finished):
+            return True
+        faults.boundary()
+        return False
+
+    def close(self) -> None:
+        """Complete a vote still in flight: every rank cast it, so every rank waits for it."""
+        if self._cast:
+            self.stop()
+
+
+@contextlib.contextmanager
+def long_call(device: Any = "cpu") -> Iterator[Boundary]:
+    """Frame a call that streams and can be stopped, and give it its Boundary: faults armed
+    for it fire in it only, a vote a communication hook carried before it is forgotten, and
+    whatever the channel's sink still holds leaves before the call returns or raises."""
+    faults.call_started()
+    channel.forget_carried()
+    boundary = Boundary(device)
+    try:
+        yield boundary
+        boundary.close()
+    finally:
+        try:
+            channel.flush()
+        finally:
+            faults.disarm()
+
+
+def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None) -> list[StepRecord]:
+    """Up to `steps` optimizer steps of the layout in `st` (see runtime.api.train); the
+    records no channel took."""
+    from .train import train_step
+
+    if snapshot_every and scratch is None:
+        raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
+    par = st.parallel
+    with long_call(par.device) as boundary:
+        for _ in range(steps):
+            if boundary.cross():
+                break
+            rec = train_step(par, st.optimizer, st.step, scaler=st.scaler, rank=st.rank,
+                             after_backward=boundary.cast)
+            st.step += 1
+            if snapshot_every and st.step % snapshot_every == 0:
+                from .checkpoint import snapshot
+
+                snapshot(par, st.optimizer, scratch.snapshots, st.step)
+            boundary.send(rec)
+    return boundary.kept
+
+
+def generate(st, prompts: list[str], max_new_tokens: int, options: GenerateOptions) -> Generation:
+    """This rank's share of `prompts` decoded under the layout in `st` (see runtime.api.generate)."""
+    from .generate import generate as _generate
+
+    par = st.parallel
+    mine = list(range(par.data_index, len(prompts), par.data_count))
+    rows = -(-len(prompts) // par.data_count)
+    padded = [prompts[i] for i in mine] + [prompts[0]] * (rows - len(mine))
+    leader = all(v == 0 for k, v in par.coords.items() if k in (MeshAxis.TP, MeshAxis.PP, MeshAxis.CP))
+    with long_call(par.device) as boundary:
+        def on_step(position: int, pieces: list[str], done: list[bool], step) -> bool:
+            if leader and boundary.streaming:
+                now = time.time()
+                for j, i in enumerate(mine):
+                    boundary.send(TokenRecord(rank=st.rank, prompt=i, position=position, text=pieces[j],
+                                              done=done[j], time=now), keep=False)
+            return boundary.cross(step, finished=all(done[:len(mine)]))
+
+        boundary.fire()  # the first decoding step
+        texts = _generate(par, padded, max_new_tokens, rank=st.rank, on_step=on_step, do_sample=options.do_sample,
+                          temperature=options.temperature, top_k=options.top_k, seed=options.seed)
+    return Generation(rank=st.rank, texts={i: texts[j] for j, i in enumerate(mine)}, steps=boundary.kept)
+
+
+def serve(st, requests: list[Request], options: ServeOptions) -> ServeResult:
+    """This rank's part of a serving call under the layout in `st` (see runtime.api.serve)."""
+    from .serve import serve as _serve
+
+    with long_call(st.parallel.device) as boundary:
+        return _serve(st.parallel, list(requests), rank=st.rank, engine=options.engine, reason=options.reason,
+                      policy=options.policy, max_batch=options.max_batch, kv_tokens=options.kv_tokens,
+                      boundary=boundary)

@@ -1,0 +1,99 @@
+"""The client's refusals (cluster/checks.py, cluster/checkpoints.py) on inputs alone: pure, no
+ranks. Each names every problem with its numbers."""
+import json
+import os
+
+import pytest
+
+from interactive_parallel.cluster import checkpoints, checks
+from interactive_parallel.cluster.errors import SessionError
+from interactive_parallel.plan import Plan, PlanError, resolve_model
+from interactive_parallel.records import FaultSpec, Request
+
+pytestmark = pytest.mark.pure
+SPEC = resolve_model("tiny-llama")
+
+
+def test_a_plan_for_another_device_and_size_names_both():
+    with pytest.raises(PlanError) as e:
+        checks.check_plan(Plan(dp=2, tp=3, device="cuda"), "cpu", 4, SPEC)
+    text = str(e.value)
+    assert "plan device 'cuda' != session device 'cpu'" in text and "ranks(4)" in text
+    assert checks.check_plan(Plan(dp=4), "cpu", 4, SPEC) == Plan(dp=4)
+
+
+def test_debug_mode_refuses_ddp_only():
+    with pytest.raises(SessionError, match="DDP crashes"):
+        checks.check_debug_plan(Plan(dp=4), debugging=True)
+    checks.check_debug_plan(Plan(dp=4), debugging=False)
+    checks.check_debug_plan(Plan(fsdp=4), debugging=True)
+    checks.check_debug_plan(Plan(dp=2, tp=2), debugging=True)
+
+
+def test_counts_name_every_bad_one():
+    with pytest.raises(PlanError) as e:
+        checks.check_counts(steps=-1, snapshot_every=True)
+    assert e.value.problems == ["steps(-1) must be a whole number >= 0",
+                                "snapshot_every(True) must be a whole number >= 0"]
+    checks.check_counts(steps=0, snapshot_every=20)
+
+
+def test_prompts_too_long_for_the_model_are_refused_with_the_numbers():
+    with pytest.raises(ValueError) as e:
+        checks.check_prompts(["x" * SPEC.max_positions], 4, 0.0, -1, SPEC)
+    text = str(e.value)
+    assert f"longest prompt({SPEC.max_positions}) + max_new_tokens(4)" in text
+    assert "temperature(0.0) must be > 0" in text and "top_k(-1) must be >= 0" in text
+    with pytest.raises(ValueError, match="no prompts given"):
+        checks.check_prompts([], 4, 1.0, 0, SPEC)
+
+
+def test_requests_come_from_strings_dicts_or_requests():
+    reqs = checks.check_requests(["ab", {"id": "q", "prompt": "cd"}, Request(id="r", prompt="ef")], SPEC, 8, None)
+    assert [r.id for r in reqs] == ["0", "q", "r"] and all(isinstance(r, Request) for r in reqs)
+    with pytest.raises(TypeError, match="request 0 is a int"):
+        checks.check_requests([3], SPEC, 8, None)
+
+
+def test_a_fault_names_every_bad_field():
+    with pytest.raises(ValueError) as e:
+        checks.check_fault(FaultSpec(rank=4, fault="melt", where="nowhere", at_step=-1, seconds=-2), 4,
+                           ("kill", "raise"), ("step", "collective"))
+    text = str(e.value)
+    for part in ("rank(4) is not one of 0..3", "fault 'melt'", "where 'nowhere'", "at_step(-1)", "seconds(-2)"):
+        assert part in text
+
+
+@pytest.mark.parametrize("args, message", [((0, "cpu", None, 20), "ranks(0)"),
+                                           ((2, "tpu", None, 20), "device 'tpu'"),
+                                           ((2, "cpu", " ", 20), "interface ' '"),
+                                           ((2, "cpu", None, -1), "snapshot_every(-1)")])
+def test_session_arguments_are_refused_before_any_process(args, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        checks.check_session_args(*args)
+
+
+def test_a_save_replaces_only_a_checkpoint(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not a checkpoint"):
+        checkpoints.refuse_replacing(str(tmp_path / "notes"))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / checkpoints.MANIFEST).write_text("{}")
+    checkpoints.refuse_replacing(str(tmp_path / "ckpt"))
+    checkpoints.refuse_replacing(str(tmp_path / "absent"))
+
+
+def test_a_load_of_another_model_names_its_parameters(tmp_path):
+    other = resolve_model("tiny-gpt2")
+    path = tmp_path / "ckpt"
+    path.mkdir()
+    import dataclasses
+
+    (path / checkpoints.MANIFEST).write_text(json.dumps({"model": dataclasses.asdict(other)}))
+    with pytest.raises(checkpoints.CheckpointError) as e:
+        checkpoints.check_loadable(str(path), SPEC)
+    assert "is of model 'tiny-gpt2'" in str(e.value) and e.value.problems
+    with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
+        checkpoints.check_loadable(str(tmp_path), SPEC)
+    assert checkpoints.check_loadable(str(path), other) == os.path.abspath(path)

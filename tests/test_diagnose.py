@@ -1,0 +1,72 @@
+"""Failure naming (cluster/diagnose.py) on sample errors, as gloo and the engines word them: pure,
+no pool. Each rule of who is named, and how long stragglers may take, checked on its own."""
+import pytest
+
+from interactive_parallel.cluster import diagnose
+from interactive_parallel.cluster.diagnose import STUCK_MARGIN_S, Evidence, explain
+from interactive_parallel.cluster.errors import RankError
+from interactive_parallel.records import FaultSpec
+
+pytestmark = pytest.mark.pure
+
+HOSTS = ["h0", "h0", "h1", "h1"]
+RESET = "[gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:40123"
+TIMEOUT = "[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 5000ms for recv operation to complete"
+
+
+def err(rank=0, ename="RuntimeError", evalue=RESET, others=None, stuck=None, what="train"):
+    return RankError(rank, ename, evalue, "Traceback ...", host=HOSTS[rank], what=what, others=others, stuck=stuck)
+
+
+def ev(**kw):
+    return Evidence(hosts=HOSTS, collective_timeout=5.0, **kw)
+
+
+def test_a_dead_rank_is_named_over_the_peers_that_lost_it():
+    found = explain(err(0, others={1: f"RuntimeError: {RESET}"}, stuck=[2, 3]), ev(dead=[3]))
+    e = found.error
+    assert (e.rank, e.ename, e.host) == (3, "EngineDied", "h1")
+    assert set(e.others) == {0, 1} and e.stuck == [2]
+    assert found.patience == 5.0 + STUCK_MARGIN_S
+
+
+def test_the_rank_still_running_after_its_peers_timed_out_is_named_hung():
+    exc = err(0, evalue=TIMEOUT, stuck=[1, 2])
+    assert diagnose.wait_for_hung(exc, dead=[])
+    found = explain(exc, ev(hung=[2], finished={1: f"RuntimeError: {TIMEOUT[:40]}"}))
+    e = found.error
+    assert (e.rank, e.ename) == (2, "RankHung") and set(e.others) == {0, 1} and e.stuck == []
+    assert found.patience == 0.0  # replaced at once: nobody waits for a hung rank
+
+
+def test_when_all_timed_out_together_the_rank_that_skipped_a_collective_is_named():
+    skip = FaultSpec(rank=3, fault="skip_collective", time=1.0, detail="at step 1")
+    found = explain(err(1, evalue=TIMEOUT, others={0: "RuntimeError: timed out", 3: "RuntimeError: timed out"}),
+                    ev(fired=[skip]))
+    e = found.error
+    assert (e.rank, e.ename) == (3, "SkippedCollective") and 3 not in e.others and set(e.others) == {0, 1}
+    assert "skip_collective on rank 3 at step 1" in e.fault
+    assert found.patience == STUCK_MARGIN_S
+
+
+def test_a_plain_error_is_left_as_it_is_and_the_armed_fault_is_named():
+    boom = FaultSpec(rank=2, fault="raise")
+    found = explain(err(2, ename="ValueError", evalue="bad batch"), ev(armed=[boom]))
+    assert (found.error.rank, found.error.ename) == (2, "ValueError")
+    assert found.error.fault == "raise on rank 2 at step 0"
+    assert not diagnose.group_broken(err(2, ename="ValueError", evalue="bad batch"), left_running=False)
+
+
+@pytest.mark.parametrize("text, broken", [(RESET, True), (TIMEOUT, True), ("Broken pipe", True),
+                                          ("shape mismatch in layer 3", False)])
+def test_a_group_is_broken_by_a_timeout_or_a_lost_peer(text, broken):
+    assert diagnose.group_broken(err(evalue=text), left_running=False) is broken
+    assert diagnose.group_broken(err(evalue=text), left_running=True)
+
+
+def test_a_dead_controller_is_named_whatever_the_ranks_said():
+    found = explain(err(0, ename="EngineDied", evalue="the process of rank 0 is gone"),
+                    ev(dead=[0, 1, 2, 3], controller_gone=True, controller_pid=4242))
+    e = found.error
+    assert e.ename == "ControllerDied" and "pid 4242" in e.evalue and "new pool" in e.evalue
+    assert found.patience == 0.0
