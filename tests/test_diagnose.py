@@ -70,3 +70,24 @@ def test_a_dead_controller_is_named_whatever_the_ranks_said():
     e = found.error
     assert e.ename == "ControllerDied" and "pid 4242" in e.evalue and "new pool" in e.evalue
     assert found.patience == 0.0
+
+
+NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, "
+                "NumelIn=1, NumelOut=1, Timeout(ms)=5000) ran for 5003 milliseconds before timing out.")
+NCCL_REMOTE = ("NCCL error in: ProcessGroupNCCL.cpp:2042, remote process exited or there was a network error, "
+               "NCCL version 2.27.5\nncclRemoteError: A call failed possibly due to a network error or a remote "
+               "process exiting prematurely.")
+NCCL_ABORTED = "NCCL communicator was aborted on rank 0."
+
+
+@pytest.mark.parametrize("text, lost, waited", [(NCCL_TIMEOUT, False, True), (NCCL_REMOTE, True, False),
+                                               (NCCL_ABORTED, True, False)])
+def test_nccls_words_are_read_as_gloos_are(text, lost, waited):
+    exc = err(evalue=text)
+    assert diagnose.lost_peer(exc) is lost and diagnose.timed_out(exc) is waited
+    assert diagnose.group_broken(exc, left_running=False)
+
+
+def test_a_dead_rank_behind_nccls_remote_error_is_named():
+    found = explain(err(0, evalue=NCCL_REMOTE, others={1: f"DistBackendError: {NCCL_ABORTED}"}), ev(dead=[2]))
+    assert (found.error.rank, found.error.ename) == (2, "EngineDied") and set(found.error.others) == {0, 1}

@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from ..records import FaultSpec
 from .errors import RankError
 
-LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer", re.I)
-"""What a rank's error says when a peer's process went away under it."""
-TIMED_OUT = re.compile(r"timed? ?out", re.I)
-"""What a rank's error says when it gave up waiting in a collective."""
+LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer|remote process exit|ncclRemoteError"
+                  r"|communicator was aborted", re.I)
+"""What a rank's error says when a peer's process went away under it (gloo's words, and NCCL's
+when a remote rank exited or its communicator was aborted after a peer's failure)."""
+TIMED_OUT = re.compile(r"timed? ?out|timing out", re.I)
+"""What a rank's error says when it gave up waiting in a collective (NCCL's watchdog: "caught
+collective operation timeout ... before timing out")."""
 STUCK_MARGIN_S = 3.0
 """How long after its peers' collectives timed out a rank may still be busy before it counts as
 hung: peers blocked in the same step give up within about a step of each other."""

@@ -4,8 +4,8 @@ Owns backend choice (gloo on CPU, nccl on CUDA with one GPU per local rank), the
 rank 0 serves (bound to the rendezvous address only, through a socket runtime.net made),
 the interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the one the
 caller names, else one set by the user, else the one toward rank 0), the timeout applied
-to the world group *and* to every sub-group a DeviceMesh creates later, and the per-rank
-thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
+to the world group *and* to every sub-group a DeviceMesh creates later (gloo's and NCCL's
+defaults alike), NCCL's error handling, and the per-rank thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
 and the master address.
 """
 from __future__ import annotations
@@ -94,6 +94,28 @@ def rendezvous_store(master_addr: str, master_port: int, rank: int, world_size: 
     return dist.TCPStore(master_addr, port, world_size, True, timeout, wait_for_workers=False, master_listen_fd=fd)
 
 
+NCCL_ERROR_HANDLING = "2"
+"""TORCH_NCCL_ASYNC_ERROR_HANDLING for our groups unless the user set it: 2 aborts a timed-out
+or failed NCCL communicator and raises in the rank, without torch's default of killing the
+process, so a peer that was only waiting is not taken for the dead one and can keep its shards."""
+
+
+def set_group_defaults(backend: str, timeout_s: float) -> timedelta:
+    """Before the first group: the timeout every later group gets by default, and NCCL's error
+    handling. DeviceMesh sub-groups (and `new_group` / `split_group`) are created with the
+    module defaults, not the world group's timeout: gloo's default is 30 minutes and NCCL's
+    its own (`default_pg_nccl_timeout`, 10 minutes), so both are set to ours."""
+    import torch.distributed.distributed_c10d as c10d
+
+    timeout = timedelta(seconds=timeout_s)
+    c10d.default_pg_timeout = timeout
+    if backend == "nccl" or c10d.default_pg_nccl_timeout is not None:
+        c10d.default_pg_nccl_timeout = timeout
+    if backend == "nccl" and _user_env("TORCH_NCCL_ASYNC_ERROR_HANDLING") is None:
+        _set_env("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+    return timeout
+
+
 def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: float = 60.0, *,
          interface: str | None = None, listen: socket.socket | None = None) -> GroupMember:
     """Join the default group; every later collective (sub-groups too) times out after timeout_s.
@@ -112,11 +134,7 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
                 listen.close()
             raise RuntimeError(f"rank {st.rank}: device 'cuda' asked for but torch sees no GPU")
         torch.cuda.set_device(st.local_rank)
-    timeout = timedelta(seconds=timeout_s)
-    # DeviceMesh sub-groups are created with the module default (torch's 30 minutes), not
-    # the world group's timeout; set the default so they inherit ours.
-    import torch.distributed.distributed_c10d as c10d
-    c10d.default_pg_timeout = timeout
+    timeout = set_group_defaults(backend, timeout_s)
     var = IFNAME_VARS[backend]
     user = None if interface else _user_env(var)
     if user:  # the user's setting stands as written (NCCL also takes lists and "^excluded")
