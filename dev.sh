@@ -18,8 +18,17 @@ install_torch() {
   # (a GPU machine); otherwise PyTorch's CPU wheel index when it answers, else what pip finds.
   local pip=("$PY" -m pip install -q --disable-pip-version-check)
   if [ "${IP_TORCH:-cpu}" = cuda ]; then
+    # pip takes an installed 2.13.0+cpu as satisfying torch==2.13.0 (it ignores the local label),
+    # so a CPU build already in the venv goes first; then the build must know CUDA, or we stop.
+    if "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" 2>/dev/null; then
+      "$PY" -m pip uninstall -q -y torch
+    fi
     "${pip[@]}" "torch==$TORCH_VERSION"
-    echo "torch: the default index's build (IP_TORCH=cuda)"
+    if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)"; then
+      echo "IP_TORCH=cuda: the torch pip installed has no CUDA ($("$PY" -c 'import torch; print(torch.__version__)'))" >&2
+      exit 1
+    fi
+    echo "torch: the default index's CUDA build $("$PY" -c 'import torch; print(torch.__version__, torch.version.cuda)')"
   elif timeout 10 "$PY" -c "import urllib.request as u; u.urlopen('$CPU_INDEX/torch/', timeout=8)" 2>/dev/null; then
     "${pip[@]}" --index-url "$CPU_INDEX" --extra-index-url https://pypi.org/simple "torch==$TORCH_VERSION+cpu"
     echo "torch: the CPU build from $CPU_INDEX"

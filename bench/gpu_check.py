@@ -5,9 +5,10 @@ Prints two tables:
   the same 3 steps run in this process on the CPU (the oracle); per step |dloss|, the final
   weights' max |dw|, and verify() on the GPU (the plan against a one-process reference on
   the same device), each against the package's fp32 tolerances;
-- step time: the Session's `train(steps=N)` per step (client wall time / N, probes on and
-  off) against a plain torchrun loop (bench/_plain_torchrun.py: torch and transformers only)
-  on the same model config, batch and device.
+- step time: the Session's `train(steps=N)` per step (client wall time / N: with its defaults,
+  then with no snapshots, probes on and off) against a plain torchrun loop, which takes no
+  snapshots either (bench/_plain_torchrun.py: torch and transformers only, run by this venv's
+  torchrun, since a lent GPU machine has no network), on the same model config, batch and device.
 
 Needs a GPU: without one it says so and exits 2. `--device cpu` runs the same checks with
 gloo on the CPU, which only shows the script itself works (no GPU figure). Numbers move with
@@ -55,9 +56,12 @@ def session_numbers(device: str, model: str, steps: int, repeats: int) -> dict:
         out["losses"] = [r.loss for r in s.train(steps=PARITY_STEPS)]
         out["weights"] = s.run(api.full_state_dict)[0]
         out["verify"] = s.verify()
+        # The plain loop takes no snapshots: the Session is timed without them too, and with
+        # its default (one per 20 steps) beside, so neither hides the other's cost.
+        out["step_default"] = train_step_s(s, steps, repeats)
         for probes in (True, False):
             s.set_probes(probes)
-            out[f"step_probes_{'on' if probes else 'off'}"] = train_step_s(s, steps, repeats)
+            out[f"step_probes_{'on' if probes else 'off'}"] = train_step_s(s, steps, repeats, snapshot_every=0)
     return out
 
 
@@ -88,8 +92,9 @@ def report(args, ours: dict, ref: dict, plain_s: float) -> str:
             f"  verify() on {args.device}: |dloss| {v.dloss:.2e}, max |dgrad| {v.max_grad_diff:.2e}: "
             f"{'OK' if v.ok else 'MISMATCH'}",
             f"step time, median of {args.repeats} x {args.steps} steps:",
-            f"  Session train(), probes on   {ours['step_probes_on'] * 1e3:8.2f} ms",
-            f"  Session train(), probes off  {ours['step_probes_off'] * 1e3:8.2f} ms",
+            f"  Session train(), defaults    {ours['step_default'] * 1e3:8.2f} ms  (probes on, snapshots)",
+            f"  Session train(), probes on   {ours['step_probes_on'] * 1e3:8.2f} ms  (no snapshots, as the plain loop)",
+            f"  Session train(), probes off  {ours['step_probes_off'] * 1e3:8.2f} ms  (no snapshots)",
             f"  plain torchrun loop          {plain_s * 1e3:8.2f} ms"
             f"  (Session / plain: {ours['step_probes_off'] / plain_s:.2f}x probes off)"]
     return "\n".join(rows)
