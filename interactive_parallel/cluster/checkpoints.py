@@ -47,7 +47,8 @@ def refuse_replacing(path: str) -> None:
 
 
 async def save(path: str, spec: ModelSpec, plan: Plan, write: Callable[[str], Awaitable[SaveInfo]]) -> str:
-    """`write(staging)` has the ranks write their shards there; the manifest follows, then the
+    """Refuse a `path` that is not a checkpoint first (before `write` touches any rank); then
+    `write(staging)` has the ranks write their shards there, the manifest follows, and the
     directory moves into place. An interrupted save leaves the previous checkpoint at `path`
     whole and its own files under `<path>.partial-<token>` (removed by the next save of `path`)."""
     path = os.path.abspath(path)  # the ranks' working directory is not ours

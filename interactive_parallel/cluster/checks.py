@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from ..plan import ModelSpec, Plan, PlanError, check
 from ..plan.inference import quantization_problems, request_problems
+from ..plan.plan import DEVICES
 from ..records import FaultSpec, Request
 from .errors import SessionError
 
@@ -130,8 +131,8 @@ def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: 
     """Session(...)'s own arguments, before any process starts."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not " + " or ".join(repr(d) for d in DEVICES))
     if interface is not None and (not isinstance(interface, str) or not interface.strip()):
         raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
     if not whole(snapshot_every):

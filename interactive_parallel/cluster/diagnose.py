@@ -152,10 +152,10 @@ def _skipper(exc: RankError, ev: Evidence) -> RankError:
 
 
 def _controller_died(exc: RankError, ev: Evidence) -> RankError:
-    """The local controller is gone: no message reaches or leaves any rank, whatever they said."""
+    """The local controller is gone: no message reaches or leaves any rank, whatever they said
+    (the "gone" its loss made every rank look is left out; what ranks raised themselves stays)."""
     pid = f" (pid {ev.controller_pid})" if ev.controller_pid else ""
     return RankError(exc.rank, "ControllerDied", f"the pool's ipyparallel controller{pid} is gone, so no call "
                      "reaches the ranks; the next call starts a new pool and resumes from the newest snapshot "
                      "(or call restart_ranks())", "", host=exc.host, what=exc.what,
-                     others={r: m for r, m in _others(exc).items() if r != exc.rank} if exc.ename != "EngineDied"
-                     else {}, stuck=[])
+                     others={} if exc.ename == "EngineDied" else exc.others, stuck=[])

@@ -268,10 +268,9 @@ class ModelOps:
     async def save(self, path: str) -> str:
         plan = self.require_layout()
         checks.refuse_quantized(self.quantization, "save")
-        checkpoints.refuse_replacing(os.path.abspath(path))
-        await self.ranks.require()
 
-        async def write(staging: str):
+        async def write(staging: str):  # checkpoints.save has refused a path it must not replace
+            await self.ranks.require()
             return (await self.ranks.call(api.save_checkpoint, (staging,), what="save"))[0]
 
         return await checkpoints.save(path, self.spec, plan, write)
