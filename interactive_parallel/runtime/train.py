@@ -54,16 +54,18 @@ def make_optimizer(par: Parallelized, foreach: bool | None = None) -> torch.opti
 def make_scaler(plan: Plan):
     """A gradient scaler for fp16 on the plan's device (None otherwise).
 
-    With peers it is torch's ShardedGradScaler: each rank sees only its own shards or
-    stages, so an inf found on one must skip the step (and shrink the scale) on all, or the
-    replicas drift apart; it all-reduces the found-inf flags over the world group.
+    With peers it is runtime.scaler.DTensorGradScaler, torch's ShardedGradScaler made to take
+    DTensor gradients (tp, fsdp x tp, pp x tp mix them with plain ones, which torch's own
+    refuses): each rank sees only its own shards or stages, so an inf found on one must skip
+    the step (and shrink the scale) on all, or the replicas drift apart; it all-reduces the
+    found-inf flags over the world group.
     """
     if plan.precision != "fp16":
         return None
     if dist.is_initialized() and dist.get_world_size() > 1:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        from .scaler import DTensorGradScaler
 
-        return ShardedGradScaler(plan.device, process_group=dist.group.WORLD)
+        return DTensorGradScaler(plan.device, process_group=dist.group.WORLD)
     return torch.amp.GradScaler(plan.device)
 
 
