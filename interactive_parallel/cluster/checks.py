@@ -18,6 +18,7 @@ from ..plan.inference import quantization_problems, request_problems
 from ..plan.plan import DEVICES
 from ..records import FaultSpec, Request
 from .errors import SessionError
+from .pool import LAUNCHES
 
 
 def whole(value: Any) -> bool:
@@ -127,7 +128,7 @@ def check_fault(fault: FaultSpec, world_size: int, kinds: Sequence[str], places:
     return fault
 
 
-def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: Any) -> None:
+def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: Any, launch: Any = None) -> None:
     """Session(...)'s own arguments, before any process starts."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
@@ -137,3 +138,5 @@ def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: 
         raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
     if not whole(snapshot_every):
         raise ValueError(f"snapshot_every({snapshot_every}) must be a whole number >= 0")
+    if launch is not None and launch not in LAUNCHES:
+        raise ValueError(f"launch {launch!r} is not " + ", ".join(repr(x) for x in LAUNCHES))

@@ -20,11 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 # Controller heartbeat period: ipyparallel reports engines only after a heart-monitor
 # beat (3000 ms by default), so a short period starts a pool several times sooner
 # (bench/bench_session.py) and also detects dead engines sooner.
 HEARTBEAT_MS = 200
+LAUNCHES = ("fork", "warm", "plain")
 SHUTDOWN_GRACE_S = 3.0
 
 
@@ -90,7 +92,7 @@ class LocalPool(Pool):
 
         self.n = n
         self.launch = launch or ("fork" if sys.platform.startswith("linux") else "warm")
-        if self.launch not in ("fork", "warm", "plain"):
+        if self.launch not in LAUNCHES:
             raise ValueError(f"launch {self.launch!r} is not 'fork', 'warm' or 'plain'")
         self.profile_dir = tempfile.mkdtemp(prefix="ip-pool-")
         self._state_file = os.path.join(self.profile_dir, "leash.json")
@@ -101,8 +103,7 @@ class LocalPool(Pool):
             controller_args=[f"--HeartMonitor.period={HEARTBEAT_MS}", "--usethreads"], engine_timeout=int(timeout),
             delay=0.1, shutdown_atexit=True)
         if self.launch == "warm":
-            self.cluster.config.LocalEngineSetLauncher.engine_cmd = [
-                sys.executable, "-m", "interactive_parallel.cluster.engine"]
+            self._warm_engines()
         self.description = f"local pool of {n} engines (cluster {self.cluster.cluster_id})"
         self._start_leash()
         try:
@@ -160,11 +161,39 @@ class LocalPool(Pool):
         return True
 
     def _wait_for(self, total: int, timeout: float) -> None:
-        try:
-            self.client.wait_for_engines(total, timeout=timeout, interactive=False)
-        except TimeoutError as exc:
-            raise TimeoutError(f"{len(self.client.ids)} of {total} engines registered in {timeout:g} s"
-                               + self._log_tail()) from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.client.wait_for_engines(total, timeout=min(1.0, max(0.0, deadline - time.monotonic())),
+                                             interactive=False)
+                return
+            except TimeoutError as exc:
+                if self._fork_refused():
+                    self._launch_instead(total)
+                    deadline = time.monotonic() + timeout
+                elif time.monotonic() >= deadline:
+                    raise TimeoutError(f"{len(self.client.ids)} of {total} engines registered in {timeout:g} s"
+                                       + self._log_tail()) from exc
+
+    def _fork_refused(self) -> bool:
+        """The zygote found CUDA initialised by its imports and forked nothing (cluster/zygote.py)."""
+        from .zygote import CUDA_TOUCHED
+
+        return (self.launch == "fork" and len(self._zygotes) == 1
+                and self._zygotes[0].poll() == CUDA_TOUCHED)
+
+    def _launch_instead(self, n: int) -> None:
+        """Engines started by ipyparallel's launcher, each importing torch itself ('warm'):
+        slower to start and no pages shared, but CUDA is theirs to initialise."""
+        warnings.warn("the engines cannot be forked from one process here (importing torch initialised CUDA "
+                      "before the fork); starting each engine on its own instead" + self._log_tail())
+        self.launch = "warm"
+        self._warm_engines()
+        self.cluster.start_engines_sync(n=n)
+
+    def _warm_engines(self) -> None:
+        self.cluster.config.LocalEngineSetLauncher.engine_cmd = [
+            sys.executable, "-m", "interactive_parallel.cluster.engine"]
 
     def _log_tail(self) -> str:
         logs = sorted(f for f in os.listdir(self.profile_dir) if f.startswith("zygote"))

@@ -32,7 +32,7 @@ from .evidence import gather_evidence
 from .errors import RankError, RankTimeout, SessionError
 from .pool import LocalPool, Pool, process_gone
 
-DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "device", "backend", "address", "threads", "torch",
+DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "gpu", "device", "backend", "address", "threads", "torch",
                   "transformers", "barrier_ok", "all_reduce_ok", "bandwidth_gbps", "error")
 
 
@@ -95,7 +95,8 @@ class RankSet:
             raise SessionError(f"pool has {len(ids)} engines, expected {expected}")
         probe = RankCaller(pool.client, ids)
         facts = await probe.wait(probe.submit(api.identify), self.timeout, "identify")
-        self.places = rendezvous.assign(ids, facts, self.device)
+        pinned = {p.engine_id: p.gpu for p in self.places if p.gpu >= 0}
+        self.places = rendezvous.assign(ids, facts, self.device, pinned)
         ids = [p.engine_id for p in self.places]
         hosts = [p.host for p in self.places]
         self.caller = RankCaller(pool.client, ids, hosts, dead=self.dead_ranks)
@@ -104,7 +105,8 @@ class RankSet:
         world = len(ids)
         per_host = {h: hosts.count(h) for h in hosts}
         await self.call(api.setup, per_rank=lambda r: (
-            (r, world, self.places[r].local_rank, per_host[hosts[r]], self.threads), {}), what="setup")
+            (r, world, self.places[r].local_rank, per_host[hosts[r]], self.threads, self.places[r].gpu), {}),
+            what="setup")
         await self.call(engine_side.install, what="setup")
         await self.call(engine_side.define_px_names, what="setup")
         await self.measure_clocks()

@@ -2,14 +2,15 @@
 and how every rank joins it.
 
 Owns the rank assignment (`assign`: stable, hosts contiguous, per-host local ranks, one GPU
-each under CUDA), the choice of the rendezvous address (loopback on one host; across hosts the interface
-the user names, checked on every rank first, or the one rank 0 reaches the controller
-through: runtime/net.py picks the address on the rank) and the refusal of an address other
-hosts cannot reach. Knows nothing of models, and nothing of pools beyond the call it is
+each under CUDA, pinned to its engine across re-forms), the choice of the rendezvous address
+(loopback on one host; across hosts the interface the user names, checked on every rank
+first, or the one rank 0 reaches the controller through: runtime/net.py picks the address on
+the rank) and the refusal of an address other hosts cannot reach. Knows nothing of models, and nothing of pools beyond the call it is
 handed (`call(fn, args, ranks=..., what=..., timeout=...)`, results in rank order).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Awaitable, Callable, Sequence
 
 from ..records import GroupMember, RankPlace
@@ -47,16 +48,26 @@ async def check_interface(call: Callable[..., Awaitable[list]], interface: str) 
         raise SessionError(f"interface {interface!r} has no IPv4 address on " + "; ".join(missing))
 
 
-def assign(ids: list[int], facts: list, device: str) -> list[RankPlace]:
+def assign(ids: list[int], facts: list, device: str, pinned: dict[int, int] | None = None) -> list[RankPlace]:
     """Ranks in a stable order: hosts in order of their lowest engine id, engine ids within a
     host, so a host's ranks are contiguous (TP, the innermost mesh axis, stays on one host);
-    under CUDA every local rank needs a GPU of its own."""
+    under CUDA every local rank needs a GPU of its own.
+
+    `pinned`: engine id -> GPU from the previous assignment. A surviving engine keeps its GPU
+    (its CUDA context and cached memory stay there: moving it would hold two GPUs' worth on one
+    and crowd a replacement onto a device still in use); a new engine takes the lowest GPU of
+    its host that no survivor holds."""
     hosts = list(dict.fromkeys(f.host for f in facts))
     order = sorted(range(len(ids)), key=lambda i: (hosts.index(facts[i].host), ids[i]))
     if device == "cuda":
         short = sorted({f"{f.host} has {f.cuda} GPU(s)" for f in facts if f.cuda == 0})
         if short:
             raise SessionError("device 'cuda' asked for, but " + "; ".join(short))
+        spoiled = sorted({f.host for f in facts if f.cuda_bad_fork})
+        if spoiled:
+            raise SessionError(f"device 'cuda' asked for, but the engines on {', '.join(spoiled)} were forked "
+                               "from a process that had initialised CUDA, so their CUDA calls fail: start the "
+                               "Session with launch='warm' (each engine imports torch itself)")
     local: dict[str, int] = {}
     places = []
     for rank, i in enumerate(order):
@@ -64,9 +75,30 @@ def assign(ids: list[int], facts: list, device: str) -> list[RankPlace]:
         places.append(RankPlace(rank=rank, engine_id=ids[i], host=f.host, pid=f.pid, cores=f.cores, cuda=f.cuda,
                                 local_rank=local.setdefault(f.host, 0)))
         local[f.host] += 1
-    if device == "cuda":
-        gpus = {h: min(f.cuda for f in facts if f.host == h) for h in local}
-        over = [f"{h}: {n} ranks > {gpus[h]} GPUs" for h, n in local.items() if n > gpus[h]]
-        if over:
-            raise SessionError("one GPU per local rank needed; " + "; ".join(over))
-    return places
+    if device != "cuda":
+        return places
+    gpus = {h: min(f.cuda for f in facts if f.host == h) for h in local}
+    over = [f"{h}: {n} ranks > {gpus[h]} GPUs" for h, n in local.items() if n > gpus[h]]
+    if over:
+        raise SessionError("one GPU per local rank needed; " + "; ".join(over))
+    return pin_gpus(places, gpus, pinned or {})
+
+
+def pin_gpus(places: list[RankPlace], gpus: dict[str, int], pinned: dict[int, int]) -> list[RankPlace]:
+    """Each place with its GPU: the pinned one where its engine has one (and it is still on the
+    host and not taken twice), else the lowest free one on its host."""
+    held: dict[str, set[int]] = {h: set() for h in gpus}
+    keep: dict[int, int] = {}
+    for p in places:
+        gpu = pinned.get(p.engine_id, -1)
+        if 0 <= gpu < gpus[p.host] and gpu not in held[p.host]:
+            keep[p.engine_id] = gpu
+            held[p.host].add(gpu)
+    out = []
+    for p in places:
+        gpu = keep.get(p.engine_id)
+        if gpu is None:
+            gpu = min(set(range(gpus[p.host])) - held[p.host])
+            held[p.host].add(gpu)
+        out.append(dataclasses.replace(p, gpu=gpu))
+    return out

@@ -52,7 +52,8 @@ class Session:
 
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
                  timeout: float = 120.0, collective_timeout: float = 60.0, interface: str | None = None,
-                 snapshot_every: int = SNAPSHOT_EVERY, state_dir: str | None = None, _pool: Pool | None = None):
+                 snapshot_every: int = SNAPSHOT_EVERY, state_dir: str | None = None, launch: str | None = None,
+                 _pool: Pool | None = None):
         """A local pool of `ranks` engines (every socket on 127.0.0.1), or the attached one.
 
         `interface`: the network interface (e.g. 'eth0') the process group's store and gloo /
@@ -61,9 +62,11 @@ class Session:
         of train() between snapshots of weights and optimizer state, from which the session
         resumes after a rank dies (0: none). `state_dir`: where the ranks move state through
         files (re-plans, snapshots); default a directory on this host's tmpfs, removed at stop;
-        ranks on several hosts need a path they all share.
+        ranks on several hosts need a path they all share. `launch`: how a local pool starts its
+        engines: 'fork' (the Linux default: forked from one process that imported torch once),
+        'warm' or 'plain' (ipyparallel's launcher, each engine importing torch itself).
         """
-        check_session_args(ranks, device, interface, snapshot_every)
+        check_session_args(ranks, device, interface, snapshot_every, launch)
         # Recovery is built first and handed to the rank set: any call through ranks.require()
         # may re-form the group and lay the model out again through it.
         self.telemetry = Telemetry(clock=lambda: self.ranks.clock_offsets())
@@ -72,7 +75,7 @@ class Session:
                              collective_timeout=collective_timeout, interface=interface, relayout=recovery)
         self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
         try:
-            self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout)
+            self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout, launch=launch)
             run_sync(self.ranks.connect(expected=None if _pool else ranks))
         except BaseException:
             self.stop()

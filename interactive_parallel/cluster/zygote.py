@@ -14,7 +14,11 @@ seconds: bench/bench_session.py); without one it exits once the N are forked. Ea
 a plain ipyparallel engine (no nanny process: the controller's heartbeat already notices
 a dead engine) connected through $IPP_CONNECTION_INFO, read from the controller's engine
 connection file once the controller has written it (the imports run meanwhile). Knows
-nothing of ranks or models; nothing may start a thread or a zmq context in the template.
+nothing of ranks or models; nothing may start a thread or a zmq context in the template,
+and nothing may initialise CUDA there: a child forked after that fails at its first CUDA call.
+So torch's CUDA checks go through NVML in the template (PYTORCH_NVML_BASED_CUDA_CHECK=1,
+which does not touch the driver), and a template that finds CUDA initialised after its imports
+exits with CUDA_TOUCHED before forking anything (the pool then launches engines without it).
 
 Run: python -m interactive_parallel.cluster.zygote N PROFILE_DIR ENGINE_CONNECTION_FILE [REQUEST_FIFO]
 """
@@ -27,6 +31,9 @@ import sys
 import time
 
 CONNECTION_TIMEOUT_S = 120.0
+CUDA_TOUCHED = 3
+"""The template's exit code when its imports initialised CUDA (no engine may be forked from it)."""
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 
 def _child(profile_dir: str, requests: int | None = None) -> None:
@@ -66,14 +73,29 @@ def _connection_info(path: str) -> str:
             time.sleep(0.05)
 
 
+def cuda_touched() -> bool:
+    """Whether this process has initialised CUDA (torch's lazy init ran)."""
+    import torch
+
+    return torch.cuda.is_initialized()
+
+
 def _template(n: int, profile_dir: str, connection_file: str, fifo: str | None) -> None:
     import gc
+
+    # Before torch is imported: transformers asks torch.cuda.is_available() as it loads, which
+    # would otherwise initialise the driver (cuInit) and spoil every fork.
+    os.environ.setdefault(NVML_CHECK, "1")
 
     import ipyparallel.engine.app  # noqa: F401
 
     from interactive_parallel.runtime.warm import import_heavy
 
     import_heavy()  # here, unlike the warm-up thread, a failure stops the zygote with its error
+    if cuda_touched():
+        print("zygote: importing torch and transformers initialised CUDA in the template; engines forked "
+              "from it would fail at their first CUDA call, so none is forked", file=sys.stderr, flush=True)
+        os._exit(CUDA_TOUCHED)
 
     os.environ["IPP_CONNECTION_INFO"] = _connection_info(connection_file)
     # Read-write: the open never waits for a writer, and the pipe never reads as closed.

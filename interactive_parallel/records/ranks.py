@@ -37,6 +37,8 @@ class RankInfo(Record):
     """Network interface this rank's process-group sockets bind to."""
     address: str = ""
     """This rank's address on that interface."""
+    gpu: int = -1
+    """The CUDA device it computes on (-1 off CUDA)."""
 
 
 @dataclass
@@ -158,6 +160,8 @@ class RankFacts(Record):
     """CPU cores this process may run on (its affinity)."""
     cuda: int
     """CUDA devices it sees (0: none)."""
+    cuda_bad_fork: bool = False
+    """It was forked from a process that had initialised CUDA: its CUDA calls will fail."""
 
 
 @dataclass
@@ -222,6 +226,9 @@ class RankPlace(Record):
     cuda: int
     """CUDA devices its process sees (0: none)."""
     local_rank: int
-    """Its index among the ranks on its host (its GPU under CUDA)."""
+    """Its index among the ranks on its host."""
     interface: str = ""
     address: str = ""
+    gpu: int = -1
+    """Under CUDA, the device it computes on: pinned to its engine at its first assignment (a
+    survivor of a replacement keeps it; a replacement takes a freed one). -1 off CUDA."""

@@ -34,14 +34,15 @@ def identify() -> RankFacts:
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return RankFacts(host=socket.gethostname(), pid=os.getpid(), cores=cores,
-                     cuda=torch.cuda.device_count() if torch.cuda.is_available() else 0)
+                     cuda=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                     cuda_bad_fork=torch.cuda._is_in_bad_fork())
 
 
 def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
-          threads: int | None = None) -> RankIdentity:
+          threads: int | None = None, gpu: int = -1) -> RankIdentity:
     from . import dist as _dist
 
-    return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads)
+    return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads, gpu)
 
 
 def network(interface: str) -> NetworkFacts:
@@ -291,7 +292,7 @@ def host_memory() -> HostMemory:
     st = _state.get()
     gpu = None
     if torch.cuda.is_available() and st.device == "cuda":
-        gpu = int(torch.cuda.mem_get_info(st.local_rank)[0])
+        gpu = int(torch.cuda.mem_get_info(st.gpu)[0])
     return HostMemory(rank=st.rank, host=socket.gethostname(), available=int(psutil.virtual_memory().available),
                       gpu_free=gpu)
 

@@ -5,12 +5,15 @@ rank 0 serves (bound to the rendezvous address only, through a socket runtime.ne
 the interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the one the
 caller names, else one set by the user, else the one toward rank 0), the timeout applied
 to the world group *and* to every sub-group a DeviceMesh creates later (gloo's and NCCL's
-defaults alike), NCCL's error handling, and the per-rank thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
+defaults alike), NCCL's error handling, what counts as a failed NCCL group (`group_failed`:
+an NCCL error raised on this rank, or a group's own error state) and its teardown by abort,
+and the per-rank thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
 and the master address.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 from datetime import timedelta
 
@@ -41,9 +44,11 @@ def threads_for(local_world_size: int, cores: int | None = None) -> int:
 
 
 def set_identity(rank: int, world_size: int, local_rank: int, local_world_size: int,
-                 threads: int | None = None) -> RankIdentity:
+                 threads: int | None = None, gpu: int = -1) -> RankIdentity:
+    """`gpu`: the CUDA device to compute on (-1: the local rank's, as torchrun means it)."""
     st = _state.get()
     st.rank, st.world_size, st.local_rank, st.local_world_size = rank, world_size, local_rank, local_world_size
+    st.gpu = local_rank if gpu < 0 else gpu
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(local_rank),
                       LOCAL_WORLD_SIZE=str(local_world_size))
     torch.set_num_threads(threads or threads_for(local_world_size))
@@ -58,8 +63,8 @@ def backend_for(device: str) -> str:
     raise ValueError(f"device {device!r} is not 'cpu' or 'cuda'")
 
 
-def torch_device(device: str, local_rank: int) -> torch.device:
-    return torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+def torch_device(device: str, gpu: int) -> torch.device:
+    return torch.device("cuda", gpu) if device == "cuda" else torch.device("cpu")
 
 
 # Values this module put into the environment: a later init treats them as its own, not
@@ -133,7 +138,7 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
             if listen is not None:
                 listen.close()
             raise RuntimeError(f"rank {st.rank}: device 'cuda' asked for but torch sees no GPU")
-        torch.cuda.set_device(st.local_rank)
+        torch.cuda.set_device(st.gpu)
     timeout = set_group_defaults(backend, timeout_s)
     var = IFNAME_VARS[backend]
     user = None if interface else _user_env(var)
@@ -145,7 +150,7 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
     kwargs: dict = {}
     if device == "cuda":
-        kwargs["device_id"] = torch_device(device, st.local_rank)
+        kwargs["device_id"] = torch_device(device, st.gpu)
     store = rendezvous_store(master_addr, master_port, st.rank, st.world_size, timeout, listen)
     if store is None:
         kwargs["init_method"] = "env://"
@@ -172,9 +177,70 @@ def quiet_telemetry_loggers() -> None:
             logger.setLevel(logging.WARNING)
 
 
+NCCL_ERROR = re.compile(r"NCCL|Watchdog caught collective|communicator was aborted", re.I)
+"""What an error raised on an NCCL rank says when it came from NCCL (its watchdog's timeout, a
+remote or system error, an aborted communicator); torch raises most as DistBackendError."""
+DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
+_FAILED: list[str] = []
+"""NCCL errors this rank raised since its group formed (first line of each)."""
+
+
+def nccl_failure(ename: str, message: str) -> bool:
+    """Whether an error (its type name and text) is one of NCCL's."""
+    return ename in DIST_ERRORS or bool(NCCL_ERROR.search(message))
+
+
+def note_failure(exc: BaseException) -> bool:
+    """An error a call raised on this rank. Under NCCL a collective runs on its own stream and
+    fails later than it was issued: by the time its error reaches Python, the step may have
+    gone on with what the half-done collective left in its buffers (an optimizer update on
+    partial gradients). So an NCCL error spoils this rank's state for keeping (keep_local keeps
+    nothing: recovery reads the snapshot) and its group is aborted, not destroyed, at teardown.
+    True when it counted."""
+    if _state.get().backend != "nccl" or not nccl_failure(type(exc).__name__, str(exc)):
+        return False
+    _FAILED.append(f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}")
+    return True
+
+
+def group_failed() -> str:
+    """'' while this rank's NCCL groups are sound; else what failed: an NCCL error noted on this
+    rank, or a group whose NCCL backend reports an error of its own (a timeout or a
+    communication error its watchdog saw, also in a call that raised nothing here). Gloo's
+    groups are judged by the client (cluster/diagnose.py), since a gloo failure leaves no
+    half-done work behind."""
+    if _FAILED:
+        return _FAILED[0]
+    if _state.get().backend != "nccl" or not dist.is_initialized():
+        return ""
+    import torch.distributed.distributed_c10d as c10d
+    from torch._C._distributed_c10d import ErrorType
+
+    for pg in list(c10d._world.pg_map):
+        try:
+            error = pg._get_backend(torch.device("cuda")).get_error()
+        except (RuntimeError, AttributeError):  # no NCCL backend in this group
+            continue
+        if error != ErrorType.SUCCESS:
+            return f"process group {pg.group_name!r}: {error.name}"
+    return ""
+
+
 def teardown() -> None:
+    """Leave the process group. A failed NCCL group is aborted: destroying it would wait for
+    the work stuck in its communicators, which may never finish."""
+    import torch.distributed.distributed_c10d as c10d
+
     st = _state.get()
     st.reset_model()
     if dist.is_initialized():
-        dist.destroy_process_group()
+        if st.backend == "nccl" and group_failed():
+            c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+    _FAILED.clear()
+    if torch.cuda.is_initialized():
+        # What the old layout cached stays reserved in this process otherwise (a replacement
+        # on this GPU, or the next layout, would find it taken).
+        torch.cuda.empty_cache()
     st.backend = st.interface = st.address = ""

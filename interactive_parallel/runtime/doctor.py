@@ -30,7 +30,7 @@ def rank_info(engine_id: int = -1) -> RankInfo:
                     # into the client (200 MB in a notebook kernel that never needed it)
                     torch=str(torch.__version__), transformers=str(transformers.__version__),
                     world_size=dist.get_world_size() if ready else st.world_size,
-                    interface=st.interface, address=st.address)
+                    interface=st.interface, address=st.address, gpu=st.gpu if st.device == "cuda" else -1)
 
 
 def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> RankInfo:
@@ -39,7 +39,7 @@ def check(engine_id: int = -1, nbytes: int = 4 << 20, repeats: int = 3) -> RankI
         info.error = "process group not initialised"
         return info
     st = _state.get()
-    device = torch.device("cuda", st.local_rank) if st.device == "cuda" else torch.device("cpu")
+    device = torch.device("cuda", st.gpu) if st.device == "cuda" else torch.device("cpu")
     try:
         if dist.get_backend() == "gloo":
             # monitored_barrier names the ranks that did not arrive, instead of just timing out.

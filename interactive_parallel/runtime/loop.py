@@ -24,6 +24,7 @@ from ..plan import MeshAxis
 from ..records import (GenerateOptions, Generation, Request, ScratchLayout, ServeOptions, ServeResult, StepRecord,
                        TokenRecord)
 from . import channel, faults
+from . import dist as _dist
 
 class Boundary:
     """One long call's crossing between steps, on one rank (long_call makes it)."""
@@ -83,14 +84,18 @@ class Boundary:
 @contextlib.contextmanager
 def long_call(device: Any = "cpu") -> Iterator[Boundary]:
     """Frame a call that streams and can be stopped, and give it its Boundary: faults armed
-    for it fire in it only, a vote a communication hook carried before it is forgotten, and
-    whatever the channel's sink still holds leaves before the call returns or raises."""
+    for it fire in it only, a vote a communication hook carried before it is forgotten, an
+    NCCL error it raises marks the group failed (runtime.dist.note_failure), and whatever the
+    channel's sink still holds leaves before the call returns or raises."""
     faults.call_started()
     channel.forget_carried()
     boundary = Boundary(device)
     try:
         yield boundary
         boundary.close()
+    except BaseException as exc:
+        _dist.note_failure(exc)
+        raise
     finally:
         try:
             channel.flush()

@@ -40,11 +40,12 @@ def keep_local(st) -> int | None:
     """Keep this rank's own shards in `st` (RankState.kept) before a fresh process group; the
     step they belong to, or None when there is nothing to keep or nothing trustworthy (see
     runtime.api.keep_local)."""
+    from . import dist as _dist
     from . import faults
     from .quantize import dequantize
 
     st.kept = None
-    if st.parallel is None or faults.tainted():
+    if st.parallel is None or faults.tainted() or _dist.group_failed():
         return None
     dequantize(st)  # the kept shards are the full-precision weights
     st.kept = keep(st.parallel, st.optimizer, st.step)

@@ -30,7 +30,7 @@ def apply(st, plan: Plan, scratch: ScratchLayout | None, restore: RestoreSource 
         if scratch is None:
             scratch = temporary = ScratchLayout(shared_temp_dir(st.rank))
         stage(st, scratch)
-    device = _dist.torch_device(plan.device, st.local_rank)
+    device = _dist.torch_device(plan.device, st.gpu)
     how, step = rebuild(st, plan, device, scratch, restore)
     faults.layout_built()
     if temporary is not None and st.rank == 0:

@@ -31,6 +31,9 @@ class RankState:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    gpu: int = 0
+    """The CUDA device this rank computes on under CUDA: the client's pinned choice (its
+    local rank under torchrun)."""
     host: str = field(default_factory=socket.gethostname)
     device: str = "cpu"
     backend: str = ""
@@ -68,7 +71,7 @@ STATE = RankState()
 def reset() -> RankState:
     """Forget everything but the rank's identity (used by tests and by Session.reset)."""
     global STATE
-    keep = {k: getattr(STATE, k) for k in ("rank", "world_size", "local_rank", "local_world_size", "host")}
+    keep = {k: getattr(STATE, k) for k in ("rank", "world_size", "local_rank", "local_world_size", "gpu", "host")}
     STATE = RankState(**keep)
     return STATE
 

@@ -114,6 +114,6 @@ class ClusterSection:
             return note("no session: choose ranks and device, then Start (or Attach to a running cluster)")
         state = self.activity() or "idle"
         rows = [(f"rank {place.rank}", place.host, place.pid,
-                 s.device + (f":{place.local_rank}" if s.device == "cuda" else ""), state)
+                 s.device + (f":{place.gpu}" if s.device == "cuda" else ""), state)
                 for place in s.ranks_info]
         return table(("rank", "host", "pid", "device", "state"), rows)

@@ -1,0 +1,51 @@
+"""GPU assignment across re-forms (cluster.rendezvous.assign): under CUDA each engine is pinned
+to the GPU it was first given, so after a replacement a survivor computes where its CUDA
+context and cached memory already are, and the replacement takes the GPU the dead rank freed,
+even when engine-id order would now give it another one."""
+import pytest
+
+from interactive_parallel.cluster import rendezvous
+from interactive_parallel.cluster.errors import SessionError
+from interactive_parallel.records import RankFacts
+
+pytestmark = pytest.mark.pure
+
+
+def facts(hosts: list[str], gpus: int = 4) -> list[RankFacts]:
+    return [RankFacts(host=h, pid=100 + i, cores=4, cuda=gpus) for i, h in enumerate(hosts)]
+
+
+def gpus_of(places) -> dict[int, int]:
+    return {p.engine_id: p.gpu for p in places}
+
+
+def test_first_assignment_gives_local_ranks_their_gpus_and_cpu_none():
+    places = rendezvous.assign([3, 1, 2, 0], facts(["a", "a", "b", "b"]), "cuda")
+    assert [(p.engine_id, p.host, p.local_rank, p.gpu) for p in places] == [
+        (1, "a", 0, 0), (3, "a", 1, 1), (0, "b", 0, 0), (2, "b", 1, 1)]
+    assert {p.gpu for p in rendezvous.assign([0, 1], facts(["a", "a"]), "cpu")} == {-1}
+
+
+def test_survivors_keep_their_gpu_and_a_replacement_takes_the_freed_one():
+    first = rendezvous.assign([0, 1, 2, 3], facts(["a"] * 4), "cuda")
+    assert gpus_of(first) == {0: 0, 1: 1, 2: 2, 3: 3}
+    # engine 1 died; its replacement has the highest id, so by id order engines 2 and 3 would
+    # move down to GPUs 1 and 2 and the new one would land on GPU 3, still held by engine 3.
+    again = rendezvous.assign([0, 2, 3, 4], facts(["a"] * 4), "cuda", gpus_of(first))
+    assert gpus_of(again) == {0: 0, 2: 2, 3: 3, 4: 1}
+    assert [p.local_rank for p in again] == [0, 1, 2, 3]
+    assert len({p.gpu for p in again}) == 4
+
+
+def test_pins_are_per_host_and_a_pin_out_of_range_or_taken_twice_is_reassigned():
+    first = rendezvous.assign([0, 1, 2, 3], facts(["a", "a", "b", "b"], gpus=2), "cuda")
+    pinned = gpus_of(first) | {9: 1}  # a stale pin naming GPU 1 of host b, already engine 3's
+    again = rendezvous.assign([0, 1, 3, 9], facts(["a", "a", "b", "b"], gpus=2), "cuda", pinned)
+    assert gpus_of(again) == {0: 0, 1: 1, 3: 1, 9: 0}
+    shrunk = rendezvous.assign([0, 1], facts(["a", "a"], gpus=2), "cuda", {0: 5, 1: 0})
+    assert gpus_of(shrunk) == {0: 1, 1: 0}
+
+
+def test_more_local_ranks_than_gpus_is_refused_before_any_pin():
+    with pytest.raises(SessionError, match="one GPU per local rank needed; a: 3 ranks > 2 GPUs"):
+        rendezvous.assign([0, 1, 2], facts(["a"] * 3, gpus=2), "cuda", {0: 0})
