@@ -22,10 +22,12 @@ class MemoryRecord(Record):
     grads: int
     optimizer: int
     activations: int = 0
-    """Peak bytes the step added beyond parameters, gradients and optimizer state."""
+    """Peak bytes saved for backward during the step (parameters excluded): plan's activations."""
     rss: int = 0
     """Process resident set size (CPU), for orientation only."""
     device: str = "cpu"
+    device_peak: int = 0
+    """CUDA: the allocator's peak bytes during the step beyond what was live at its start (every kind at once); 0 on CPU."""
 
 
 @dataclass

@@ -193,19 +193,24 @@ class StepCost:
 
 @contextlib.contextmanager
 def measured(par: Parallelized, rank: int, step: int):
-    """Time a step and, with the probes on, the communication in it (the comm ledger): the
-    union of its ops' intervals is the step's communication time, the rest is compute."""
+    """Time a step and, with the probes on, the communication in it (the comm ledger, on the
+    step's clock: probes/clock.py): the union of its ops' intervals is the step's
+    communication time, the rest is compute."""
     from . import probes
-    from .probes import comms
+    from .probes import clock, comms
 
+    probed = probes.ENABLED[0] and dist.is_initialized() and dist.get_world_size() > 1
+    clk = clock.for_device(par.device) if probed else None
     cost = StepCost(start=time.time())
     t0 = time.perf_counter()
-    if not probes.ENABLED[0] or not dist.is_initialized() or dist.get_world_size() == 1:
+    if not probed:
         yield cost
+        _wait_for_device(par)
         cost.time_s = time.perf_counter() - t0
         return
-    with comms.recording(rank, step, par.plan) as ledger:
+    with comms.recording(rank, step, par.plan, clk) as ledger:
         yield cost
+        _wait_for_device(par)
     cost.time_s = time.perf_counter() - t0
     spans = sorted((c.start, c.end) for c in ledger.records)
     busy, reach = 0.0, -math.inf
@@ -216,3 +221,13 @@ def measured(par: Parallelized, rank: int, step: int):
     cost.comm_s = min(busy, cost.time_s)
     cost.comm_bytes = sum(c.bytes for c in ledger.records)
     cost.comm_ops = len(ledger.records)
+
+
+def _wait_for_device(par: Parallelized) -> None:
+    """On CUDA the host only queues the step's kernels: wait for them, or time_s is their launch.
+    For generate and serve the wait is moved, not added: the step's tokens reach the host
+    anyway, inside the step (serve's `.tolist()`) or right after it (generate's `int(...)` of
+    the live rows). Transformers' engine (serve_transformers times its forward by hooks)
+    reads its sampled ids later, after sampling: there the wait comes that much earlier."""
+    if par.device.type == "cuda":
+        torch.cuda.synchronize(par.device)

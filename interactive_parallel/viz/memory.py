@@ -1,7 +1,9 @@
 """Memory per rank from MemoryRecords: stacked params / grads / optimizer / activations.
 
 Owns the measured-versus-predicted bar chart: each rank has a "measured" stack and, when a prediction
-is given, a "predicted" stack beside it (offset groups). Knows nothing of how bytes were measured or
+is given, a "predicted" stack beside it (offset groups). A CUDA rank's allocator peak (`device_peak`:
+every kind of bytes at once, beyond what was live at the step's start) is not a component of the
+stack; its hover text names it, only where it is nonzero. Knows nothing of how bytes were measured or
 estimated (runtime/ probes and plan/ estimates do that), nor of torch, ipyparallel or widgets.
 """
 from __future__ import annotations
@@ -58,10 +60,18 @@ def _add_stack(fig: go.Figure, group: str, recs: dict[int, MemoryRecord]) -> Non
     x = [f"rank {r}" for r in ranks]
     base = [0] * len(ranks)
     predicted = group == "predicted"
+    peaks = [int(getattr(recs[r], "device_peak", 0) or 0) for r in ranks]
     for comp in COMPONENTS:
         values = [int(getattr(recs[r], comp) or 0) for r in ranks]
         totals = [int(recs[r].params) + int(recs[r].grads) + int(recs[r].optimizer)
                   + int(recs[r].activations or 0) for r in ranks]
+        customdata = [[v, human_bytes(v), human_bytes(t)] for v, t in zip(values, totals)]
+        hover = (f"%{{x}} {group}<br>{comp}: %{{customdata[1]}} (%{{customdata[0]:,}} B)"
+                 "<br>total: %{customdata[2]}")
+        if any(peaks):
+            for row, p in zip(customdata, peaks):
+                row.append(f"<br>device peak (allocator, every kind at once): {human_bytes(p)}" if p else "")
+            hover += "%{customdata[3]}"
         fig.add_trace(go.Bar(
             x=x, y=[v / MiB for v in values], base=[b / MiB for b in base],
             name=f"{comp} (predicted)" if predicted else comp,
@@ -70,7 +80,6 @@ def _add_stack(fig: go.Figure, group: str, recs: dict[int, MemoryRecord]) -> Non
                         pattern=dict(shape="/" if predicted else "", fillmode="overlay"),
                         line=dict(width=0.5, color="white")),
             opacity=0.6 if predicted else 1.0,
-            customdata=[[v, human_bytes(v), human_bytes(t)] for v, t in zip(values, totals)],
-            hovertemplate=(f"%{{x}} {group}<br>{comp}: %{{customdata[1]}} (%{{customdata[0]:,}} B)"
-                           "<br>total: %{customdata[2]}<extra></extra>")))
+            customdata=customdata,
+            hovertemplate=hover + "<extra></extra>"))
         base = [b + v for b, v in zip(base, values)]

@@ -7,6 +7,10 @@ tiny-llama step, see bench/bench_probes.py) and the one entry point train_step u
         ...the step...
     p.records()  # (MemoryRecord, [CommRecord], [PipelineEvent]) of the step
 
+The comm ledger and the compute intervals share one clock per step (probes/clock.py: the
+host's on CPU, the device's on CUDA), so their times line up; its marks are resolved to
+host time when the step ends.
+
 Knows nothing of the client or of how records travel; each submodule says what it
 measures and what it does not know.
 """
@@ -15,7 +19,7 @@ from __future__ import annotations
 import contextlib
 
 from ...records import CommRecord, MemoryRecord, PipelineEvent
-from . import comms, memory, pipeline
+from . import clock, comms, memory, pipeline
 from .layout import shard_records
 
 ENABLED = [True]
@@ -41,7 +45,7 @@ class StepProbe:
     def __init__(self, par, optimizer, step: int, rank: int):
         self.par, self.optimizer, self.step_index, self.rank = par, optimizer, step, rank
         self.params = self.grads = self.opt = None
-        self.ledger = self.events = self.act = None
+        self.ledger = self.events = self.act = self.peak = None
         self.param_list = None
 
     def _before_update(self, *_):
@@ -59,10 +63,12 @@ class StepProbe:
                 self.params if self.params is not None else memory.param_bytes(params),
                 self.grads if self.grads is not None else memory.grad_bytes(params),
                 self.opt if self.opt is not None else memory.optimizer_bytes(self.optimizer),
-                int(self.act.peak) if self.act is not None else 0)
-        params, grads, opt, act = measured[self._key()]
+                int(self.act.peak) if self.act is not None else 0,
+                int(self.peak.peak) if self.peak is not None else 0)
+        params, grads, opt, act, device_peak = measured[self._key()]
         return MemoryRecord(rank=self.rank, step=self.step_index, params=params, grads=grads, optimizer=opt,
-                            activations=act, rss=memory.rss(), device=self.par.device.type)
+                            activations=act, rss=memory.rss(), device=self.par.device.type,
+                            device_peak=device_peak)
 
     def _key(self) -> tuple:
         p = self.par.plan
@@ -93,20 +99,23 @@ def step(par, optimizer, step_index: int, rank: int):
         pipeline.instrument_schedule(par.schedule)
     else:
         pipeline.instrument_module(par.cp_model if par.cp_model is not None else par.raw)
-    handles, act = [], contextlib.nullcontext()
+    handles, act, peak = [], None, None
     if probe.measures():
         probe.param_list = par.parameters()  # walks every module
         handles = [optimizer.register_step_pre_hook(probe._before_update),
                    optimizer.register_step_post_hook(probe._after_update)]
+        # activations are what autograd saves for backward on every device (what plan's
+        # predict_memory means by them); the allocator's peak counts every kind at once
+        act = memory.SavedTensors(exclude=[memory.local(p) for p in probe.param_list])
         if par.device.type == "cuda":
-            act = memory.DevicePeak(par.device)
-        else:
-            act = memory.SavedTensors(exclude=[memory.local(p) for p in probe.param_list])
+            peak = memory.DevicePeak(par.device)
+    clk = clock.for_device(par.device)
     try:
-        with comms.recording(rank, step_index, par.plan) as ledger, comms.expect_device(par.device), \
-                pipeline.recording(rank, step_index) as events, act:
-            probe.ledger, probe.events = ledger, events
-            probe.act = act if isinstance(act, (memory.DevicePeak, memory.SavedTensors)) else None
+        with comms.recording(rank, step_index, par.plan, clk) as ledger, comms.expect_device(par.device), \
+                pipeline.recording(rank, step_index, clk) as events, \
+                act if act is not None else contextlib.nullcontext(), \
+                peak if peak is not None else contextlib.nullcontext():
+            probe.ledger, probe.events, probe.act, probe.peak = ledger, events, act, peak
             yield probe
     finally:
         for h in handles:

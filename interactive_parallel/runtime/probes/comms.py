@@ -19,10 +19,18 @@ Conventions of a record:
 - `group`: global ranks of the group; `axis`: the mesh axes along which the group's
   members differ from this rank (e.g. 'dp', 'dp_cp'), 'world' for the default group when
   no single axis spans it; `peer`: the global rank of the other end of a send/recv.
-- `start`: host time (time.time) at issue; `end`: when the op's future completed or its
-  Work was waited on (for blocking calls the same), whichever is seen first; ops never
-  observed to finish get the time the step ended (an upper bound). Functional
-  collectives end at their wait_tensor.
+- `start` / `end`: host time (time.time), read through the step's clock (probes/clock.py).
+  CPU: `start` when the op was issued, `end` the first moment it was seen finished (its
+  future completed, its Work was waited on, a blocking call or wait_tensor returned).
+  CUDA: the host only queues an NCCL op (its future completes at enqueue), so both are marks
+  on the device: `start` when the issuing stream reached the op (its inputs were ready),
+  `end` the earliest of the marks after it: one recorded in the future's callback (torch runs
+  it on a stream made to wait for the op's completion event), after Work.wait or
+  wait_tensor (the current stream then waits for the op, and for compute queued before the
+  wait), right after a blocking op (NCCL runs it on the current stream). The ops of a batch
+  (batch_isend_irecv: NCCL launches them together at its end) end with the batch's Work.
+  Ops never seen to finish end at the step's end mark (an upper bound where the step
+  waited for them).
 
 Device check: inside `expect_device(device)` (every probed step is) a tensor handed to a
 collective or p2p op on another device type raises, naming the op and both devices. An
@@ -32,12 +40,14 @@ the default device switched to meta to make such tensors show (the kernels are a
 registered for meta tensors, which reach the dispatcher under AutogradMeta).
 
 Does not know: ops on inference-mode tensors (they skip the Autograd keys), wire bytes of
-an algorithm (ring vs tree), or time spent on the wire versus waiting for a peer.
+an algorithm (ring vs tree), time spent on the wire versus waiting for a peer, or (CUDA)
+when an op's kernel started: an NCCL stream busy with an earlier op starts it later than
+`start`. NCCL's own kernel duration (Work._get_duration) is not read: it needs
+TORCH_NCCL_ENABLE_TIMING set for the whole process and gives a length, not a place in time.
 """
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import torch
@@ -45,6 +55,7 @@ import torch.distributed as dist
 
 from ...plan import MESH_ORDER, mesh_coords
 from ...records import CommRecord
+from .clock import Clock, HostClock
 from .memory import storage_id
 
 KINDS = {
@@ -69,6 +80,7 @@ _LOCK = threading.Lock()
 _ACTIVE: list["Ledger"] = []
 _LIBS: list = []
 _ORIG_WAIT: list = []
+_ORIG_COALESCING: list = []
 _BEFORE: list = []
 _NESTED = threading.local()
 _EXPECTED: list[torch.device] = []
@@ -95,14 +107,19 @@ def _bind(op, args, kwargs) -> dict[str, Any]:
 
 
 class Ledger:
-    """The records of one step on this rank; `par` gives the plan for naming mesh axes."""
+    """The records of one step on this rank; `plan` names the mesh axes, `clock` times the ops
+    (the host clock unless given: probes.step gives the step's)."""
 
-    def __init__(self, rank: int, step: int, plan=None):
+    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None):
         self.rank, self.step, self.plan = rank, step, plan
+        self.clock = clock if clock is not None else HostClock()
         self.records: list[CommRecord] = []
-        self._works: dict[int, tuple[Any, CommRecord]] = {}
+        self._marks: dict[int, tuple[Any, list]] = {}  # id(record) -> (start mark, end marks)
+        self._works: dict[int, tuple[Any, list[CommRecord]]] = {}
         self._functional: dict[int, CommRecord] = {}
+        self._coalescing: list[int] = []  # where each open batch's records begin
         self._axes: dict[tuple[int, ...], str] = {}
+        self._closed = False
 
     # -- naming ---------------------------------------------------------------------------
     def axis_of(self, ranks: tuple[int, ...], is_default: bool) -> str:
@@ -158,32 +175,74 @@ class Ledger:
     def _add(self, kind, nbytes, ts, ranks, is_default, peer) -> CommRecord:
         rec = CommRecord(rank=self.rank, step=self.step, op=kind, bytes=int(nbytes),
                          dtype=str(ts[0].dtype).replace("torch.", "") if ts else "",
-                         axis=self.axis_of(ranks, is_default), group=list(ranks), peer=peer, start=time.time())
+                         axis=self.axis_of(ranks, is_default), group=list(ranks), peer=peer)
+        self._marks[id(rec)] = (self.clock.mark(), [])
         self.records.append(rec)
         return rec
+
+    def issued(self, rec: CommRecord, work_obj, blocking: bool) -> None:
+        """`rec`'s op returned `work_obj`; a blocking op has finished by now."""
+        if self._coalescing:
+            # NCCL launches a batch's ops together at its end: their own futures (where there
+            # are any) would complete before the launch. The batch's Work ends them (end_batch).
+            return
+        self.watch(work_obj, rec)
+        if blocking:
+            self.finish(rec)
 
     def watch(self, work_obj, rec: CommRecord) -> None:
         try:
             work = dist.Work.unbox(work_obj)
         except Exception:  # noqa: BLE001
             return
-        self._works[id(work)] = (work, rec)
+        self._works[id(work)] = (work, [rec])
         try:
             work.get_future().add_done_callback(lambda _f: self.finish(rec))
-        except Exception:  # noqa: BLE001 - gloo: only all_reduce / all_gather have futures
+        except Exception:  # noqa: BLE001 - a backend whose Work has no future
             pass
 
-    def finish(self, rec: CommRecord) -> None:
-        if rec.end == 0.0:
-            rec.end = time.time()
+    def begin_batch(self) -> None:
+        """The ops noted from here until end_batch are launched together (NCCL coalescing)."""
+        self._coalescing.append(len(self.records))
+
+    def end_batch(self, work) -> None:
+        """The batch's ops end when its Work is seen waited (its future is not read: a
+        coalesced NCCL Work need not have one)."""
+        if not self._coalescing:
+            return
+        recs = self.records[self._coalescing.pop():]
+        if recs and work is not None:
+            self._works[id(work)] = (work, recs)
+
+    def waited(self, work) -> None:
+        hit = self._works.get(id(work))
+        if hit is not None and hit[0] is work:
+            mark = self.clock.mark()
+            for rec in hit[1]:
+                self.finish(rec, mark)
+
+    def finish(self, rec: CommRecord, mark: Any = None) -> None:
+        """A mark at or after the op's end (see the module docstring); the earliest one counts."""
+        entry = self._marks.get(id(rec))
+        if entry is not None and not self._closed:
+            entry[1].append(mark if mark is not None else self.clock.mark())
 
     def close(self) -> list[CommRecord]:
-        now = time.time()
+        """Resolve every mark to host time: the records hold plain floats from here on."""
+        if self._closed:
+            return self.records
+        self._closed = True
+        clock = self.clock
+        stop = clock.mark()
+        clock.settle()
+        stop_s = clock.resolve(stop)
         for rec in self.records:
-            if rec.end == 0.0:
-                rec.end = now
+            start, ends = self._marks.pop(id(rec))
+            rec.start = clock.resolve(start)
+            rec.end = min((clock.resolve(m) for m in list(ends)), default=stop_s)
         self._works.clear()
         self._functional.clear()
+        self._coalescing.clear()
         return self.records
 
 
@@ -225,9 +284,7 @@ def _kernel(op, short: str, functional: bool):
                 ledger._functional[storage_id(t)] = rec
         else:
             work = out[-1] if isinstance(out, tuple) else out
-            ledger.watch(work, rec)
-            if bound.get("async_op") is False:
-                ledger.finish(rec)
+            ledger.issued(rec, work, blocking=bound.get("async_op") is False)
         return out
 
     return kernel
@@ -266,10 +323,23 @@ def _patched_wait(self, *args, **kwargs):
     result = _ORIG_WAIT[0](self, *args, **kwargs)
     ledger = _ACTIVE[-1] if _ACTIVE else None
     if ledger is not None:
-        hit = ledger._works.get(id(self))
-        if hit is not None and hit[0] is self:
-            ledger.finish(hit[1])
+        ledger.waited(self)
     return result
+
+
+def _patched_start_coalescing(self, *args, **kwargs):
+    _ORIG_COALESCING[0](self, *args, **kwargs)
+    ledger = _ACTIVE[-1] if _ACTIVE else None
+    if ledger is not None:
+        ledger.begin_batch()
+
+
+def _patched_end_coalescing(self, *args, **kwargs):
+    work = _ORIG_COALESCING[1](self, *args, **kwargs)
+    ledger = _ACTIVE[-1] if _ACTIVE else None
+    if ledger is not None:
+        ledger.end_batch(work)
+    return work
 
 
 def install() -> None:
@@ -294,6 +364,10 @@ def install() -> None:
             raise
         _ORIG_WAIT.append(dist.Work.wait)
         dist.Work.wait = _patched_wait
+        # batch_isend_irecv's batch on NCCL: begun and ended through these two (gloo has no batches)
+        _ORIG_COALESCING.extend([dist.ProcessGroup._start_coalescing, dist.ProcessGroup._end_coalescing])
+        dist.ProcessGroup._start_coalescing = _patched_start_coalescing
+        dist.ProcessGroup._end_coalescing = _patched_end_coalescing
 
 
 class expect_device:
@@ -313,10 +387,11 @@ class expect_device:
 
 
 class recording:
-    """`with recording(rank, step, plan) as ledger:` ... `ledger.records` after the block."""
+    """`with recording(rank, step, plan, clock) as ledger:` ... `ledger.records` after the block
+    (their times resolved when it ends)."""
 
-    def __init__(self, rank: int, step: int, plan=None):
-        self.ledger = Ledger(rank, step, plan)
+    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None):
+        self.ledger = Ledger(rank, step, plan, clock)
 
     def __enter__(self) -> Ledger:
         install()

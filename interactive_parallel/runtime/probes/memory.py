@@ -9,17 +9,20 @@ wrong; a storage's full `nbytes` (padding included) is what the process holds.
   those layers are not trained here and are not counted.
 - grads: storages of those parameters' `.grad`, read just before `optimizer.step()`.
 - optimizer: storages of every tensor in the optimizer's state, read after the step.
-- activations: on CUDA, the peak allocated during the step minus what was allocated at
-  its start. On CPU, the peak over the step of live bytes saved for backward, from a
+- activations: the peak over the step of live bytes saved for backward, from a
   `saved_tensors_hooks` pair: a saved tensor counts from pack until autograd frees it;
   parameters (and views of them, FSDP's gathered weights included) are not counted.
+  The same on every device (storages and their data pointers are device-agnostic).
+- device peak (CUDA only, `DevicePeak`): the caching allocator's peak allocated bytes
+  during the step minus what was allocated at its start: every kind at once (gradients,
+  optimizer state made in the step, FSDP's unsharded parameters, temporaries).
 - rss: process resident set size at the end of the step, for orientation.
 
-Does not know: temporaries that are never saved for backward (CPU), what activation
-recomputation keeps inside its layers (CPU: torch's checkpoint holds those through
-saved-tensor hooks of its own; tests/test_recompute.py measures them with torch's
-MemTracker), allocator caching, or DDP's flat bucket buffers (communication scratch,
-not gradients).
+Does not know: temporaries that are never saved for backward (but for the device peak,
+which counts them with everything else), what activation recomputation keeps inside its
+layers (CPU: torch's checkpoint holds those through saved-tensor hooks of its own;
+tests/test_recompute.py measures them with torch's MemTracker), allocator caching, or
+DDP's flat bucket buffers (communication scratch, not gradients).
 """
 from __future__ import annotations
 
@@ -34,8 +37,15 @@ from torch._subclasses.fake_tensor import is_fake  # torch imports it itself: no
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
-    inner = getattr(t, "_local_tensor", None)
-    return inner if isinstance(inner, torch.Tensor) else t
+    """The tensor holding `t`'s bytes on this rank: a DTensor's local part, the buffer an
+    AsyncCollectiveTensor wraps (a functional collective's output not yet waited for, which a
+    norm right after a rowwise linear saves for backward: Gemma 3), else `t`."""
+    while True:  # a DTensor's local part may itself be an AsyncCollectiveTensor (sequence parallel)
+        inner = next((x for x in (getattr(t, "_local_tensor", None), getattr(t, "elem", None))
+                      if isinstance(x, torch.Tensor)), None)
+        if inner is None:
+            return t
+        t = inner
 
 
 def storage_id(t: torch.Tensor) -> int:
@@ -253,7 +263,7 @@ class _SeeCheckpointing:
 
 
 class DevicePeak:
-    """CUDA: bytes the step allocated beyond what was live at its start."""
+    """CUDA: the allocator's peak bytes during the step beyond what was live at its start."""
 
     def __init__(self, device: torch.device):
         self.device = device
