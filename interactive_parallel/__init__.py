@@ -27,10 +27,15 @@ def dry_run(model, plan: Plan, world: int | None = None, **kwargs):
     out under `plan` over `world` virtual ranks in this process, with the runtime's own code on
     fake tensors and torch's fake process group: no peers, no data, no weights. Returns a DryRun
     holding the records a live session would (memory(), comms(), layout()); see
-    interactive_parallel.runtime.dryrun. A bad plan or model is refused before torch loads."""
+    interactive_parallel.runtime.dryrun. A bad plan or model is refused before torch loads (but for
+    a family derived from transformers, whose facts need it)."""
     from .plan import check, resolve_model
 
     spec = resolve_model(model)
+    if spec.needs_facts:  # a family derived from transformers: torch loads here, before the plan check
+        from .runtime.families import with_facts
+
+        spec = with_facts(spec)
     check(plan, plan.world_size if world is None else world, spec)
     from .runtime.dryrun import dry_run as _dry_run
 

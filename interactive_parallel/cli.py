@@ -9,14 +9,16 @@ import argparse
 import sys
 import time
 
-from .plan import PRESETS, Plan, PlanError, UnknownModelError, check, resolve_model
+from .plan import PRESETS, Plan, PlanError, UnknownModelError, check
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .cluster import Session
 
     plan = Plan.parse(args.plan, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
-    check(plan, args.ranks, resolve_model(args.model))  # before any process starts
+    from .runtime.families import resolved
+
+    check(plan, args.ranks, resolved(args.model))  # before any process starts
     t0 = time.perf_counter()
     with Session(ranks=args.ranks, device=plan.device) as s:
         print(f"{s.world_size} ranks ready in {time.perf_counter() - t0:.1f} s")

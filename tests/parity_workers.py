@@ -34,20 +34,25 @@ def max_diff(a: dict, b: dict) -> float:
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
 
 
-def parity_group(rank: int, configs: list[tuple[str, str, dict]], steps: int) -> dict:
-    """{label: train_and_grads(...)} for each (label, preset, plan fields); rank 0 returns."""
+def as_spec(model):
+    """A preset's name or a ModelSpec (a derived family's, facts included)."""
+    return PRESETS[model] if isinstance(model, str) else model
+
+
+def parity_group(rank: int, configs: list[tuple], steps: int) -> dict:
+    """{label: train_and_grads(...)} for each (label, preset or spec, plan fields); rank 0 returns."""
     out = {}
-    for label, preset, fields in configs:
-        out[label] = train_and_grads(PRESETS[preset], Plan(**fields), steps)
+    for label, model, fields in configs:
+        out[label] = train_and_grads(as_spec(model), Plan(**fields), steps)
     return out if rank == 0 else {}
 
 
-def reference(preset: str, fields: dict, steps: int) -> dict:
+def reference(model, fields: dict, steps: int) -> dict:
     """The same run in this process alone (no process group)."""
     from interactive_parallel.runtime.verify import reference_plan
 
     plan = reference_plan(Plan(**fields))
-    return train_and_grads(PRESETS[preset], plan, steps)
+    return train_and_grads(as_spec(model), plan, steps)
 
 
 def one_step_records(rank: int, configs: list[tuple[str, str, dict]], precision: str) -> dict:

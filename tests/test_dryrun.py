@@ -66,7 +66,7 @@ def test_unknown_config_refused_naming_what_is_known(tmp_path):
         dry_run(str(tmp_path / "nowhere.json"), Plan(dp=2), 2)
     bad = tmp_path / "bad.json"
     bad.write_text('{"model_type": "bert", "vocab_size": 10}')
-    with pytest.raises(UnknownModelError, match="model_type 'bert'"):
+    with pytest.raises(UnknownModelError, match="BertConfig ships no TP and PP plan"):
         dry_run(str(bad), Plan(dp=2), 2)
 
 

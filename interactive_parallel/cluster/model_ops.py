@@ -18,13 +18,13 @@ import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from ..plan import ModelSpec, Plan, PlanError, check, resolve_model
+from ..plan import ModelSpec, Plan, PlanError, UnknownModelError, check, resolve_model
 from ..plan.inference import serving_engine
 from ..records import (DecodeStep, GenerateOptions, RecordList, RequestRecord, ServeOptions,
                        ServeResult, StepRecord, TokenRecord, VerifyReport)
 from ..runtime import api
 from . import checkpoints, checks
-from .errors import SessionError
+from .errors import RankError, SessionError
 from .rankset import RankSet
 from .recovery import ModelState, Recovery
 from .streams import InferenceStream, StepAssembler
@@ -99,10 +99,10 @@ class ModelOps:
     # ---- laying out -----------------------------------------------------------------------------
     async def load_model(self, model: Any) -> ModelSpec:
         spec = resolve_model(model)  # unknown names fail here, before any rank is touched
+        await self.ranks.require()
+        spec = await self._checked(spec)
         if self.plan is not None:
             check(self.plan, self.ranks.world_size, spec)
-        await self.ranks.require()
-        if self.plan is not None:
             await self.check_fits(spec, self.plan)
         await self.ranks.call(api.load_model, (spec,), what="load_model")
         self.scratch.forget_snapshots()  # they hold the previous model's training, not this one's
@@ -112,6 +112,18 @@ class ModelOps:
         if self.plan is not None:
             self.state.restored = (await self.ranks.call(api.apply_plan, (self.plan,), what="apply"))[0]
         return spec
+
+    async def _checked(self, spec: ModelSpec) -> ModelSpec:
+        """`spec` checked by transformers and with its family facts, on rank 0, which changes
+        nothing there (runtime.families needs torch, which this client does not load): a config
+        transformers refuses is refused before the ranks' model is touched, and the model and
+        plan they have stay."""
+        try:
+            return (await self.ranks.call(api.checked_spec, (spec,), ranks=[0], what="load_model"))[0]
+        except RankError as exc:
+            if exc.ename == "UnknownModelError":
+                raise UnknownModelError(exc.evalue) from None
+            raise
 
     async def apply(self, plan: Plan, keep_quantization: bool = False) -> Plan:
         self.check_plan(plan)

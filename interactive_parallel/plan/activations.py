@@ -121,9 +121,10 @@ def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_onl
     out = 0
     for path, lin in fam.linears.items():
         colwise = styles.get(path, "").startswith("colwise")
+        split = colwise and styles[path] != "colwise_gather_output"  # a gathered output is whole again
         if (module is None or path.startswith(f"{module}.")) and (colwise or not colwise_only):
             width = spec.width(lin.out_width)
-            out += width // tp if colwise else width
+            out += width // tp if split else width
     return out
 
 
@@ -138,7 +139,7 @@ def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     tokens = rows * plan.seq_len // plan.cp
     kept = Parts(linear_inputs=tokens * h * FP32)
     if plan.recompute == "selective":
-        rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st == "rowwise")
+        rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st.startswith("rowwise"))
         reduced = rowwise * h if tp > 1 else 0
         kept = kept + Parts(linear_inputs=tokens * (_outputs(spec, plan) + reduced) * a,
                             attention=tokens * (spec.width("q") // tp * a + spec.num_heads // tp * FP32))

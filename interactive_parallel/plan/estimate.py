@@ -91,7 +91,7 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})
     if plan.tp > 1:
         styles = list(spec.family_info.tp_plan.values())
-        rowwise = sum(1 for s in styles if s == "rowwise")
+        rowwise = sum(1 for s in styles if s.startswith("rowwise"))
         # full recomputation runs each layer's forward again in backward, all-reduces included
         per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
         add("all_reduce", "tp", per_layer * layers * acc, per_layer * layers * acc * act)

@@ -47,7 +47,9 @@ def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
     out_dim, in_dim = (1, 0) if transposed else (0, 1)
     if style.startswith("colwise"):
         return out_dim if leaf == "weight" else 0
-    return in_dim if leaf == "weight" else None
+    if style.startswith("rowwise"):
+        return in_dim if leaf == "weight" else None
+    return None  # a norm's weight, whole on every rank
 
 
 def _block_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int | None]]:
@@ -62,6 +64,7 @@ def _block_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int | Non
                     _tp_dim(style, "weight", fam.weights_transposed)))
         if lin.bias if isinstance(lin.bias, bool) else cfg.get(lin.bias, False):
             out.append((f"{path}.bias", (n_out,), _tp_dim(style, "bias", fam.weights_transposed)))
+    out += [(name, tuple(shape), None) for name, shape in fam.block_params.items()]
     return out + _norm_params(spec, fam.norm_paths)
 
 

@@ -3,12 +3,16 @@
 Owns the preset registry (configs as plain dicts, built into transformers configs by the
 runtime), the configs the package ships for planning real models (CONFIGS: JSON files in
 interactive_parallel/configs, no weights: Llama-3-8B, Llama-3-70B, a Llama-3.1-405B shape
-and GPT-2 XL, its dropout off as in the presets), and, in FAMILIES, everything that differs between model families: module paths
-(blocks, embeddings, positions, rotary, norms, head, attention, MLP), each block linear's
-shape and TP style, Conv1D's transposed weights, the fused q|k|v projection, how attention
-takes its input, the tied head. Adding a family is adding one entry. Pure Python: knows
-nothing of torch or transformers objects; the runtime and the estimator interpret these
-facts, the model code is never edited.
+and GPT-2 XL, its dropout off as in the presets), and `FamilyInfo`: everything that differs
+between model families, as data: module paths (blocks, embeddings, positions, rotary, norms,
+head, attention, MLP), each block linear's shape and TP style, Conv1D's transposed weights,
+the fused q|k|v projection, how attention takes its input, the tied head, and what the
+model's own forward does around its blocks (embedding scale, logit soft-cap, sliding
+windows). A family's facts are derived from transformers itself (its config's TP and PP
+plans and the model built on the meta device: runtime.families), and carried in the spec
+(`ModelSpec.facts`); FAMILIES holds by hand only what transformers does not declare (GPT-2
+ships no TP plan). Pure Python: knows nothing of torch or transformers objects; the
+runtime and the estimator interpret these facts, the model code is never edited.
 """
 from __future__ import annotations
 
@@ -36,6 +40,14 @@ class ModelSpec:
     """Local directory with weights to load, or None for random init."""
     description: str = ""
     """One line for menus."""
+    facts: "FamilyInfo | None" = None
+    """The family's facts derived from transformers (runtime.families), for a model type FAMILIES
+    does not hold by hand; None until derived."""
+
+    @property
+    def needs_facts(self) -> bool:
+        """Its family facts must be derived (runtime.families.with_facts) before they are read."""
+        return self.facts is None and self.family not in FAMILIES
 
     @property
     def num_layers(self) -> int:
@@ -69,8 +81,11 @@ class ModelSpec:
     def head_dim(self) -> int:
         return int(self.config.get("head_dim") or self.hidden_size // self.num_heads)
 
-    def width(self, name: str) -> int:
-        """A Linear's width by name: 'hidden', 'intermediate', 'q', 'kv' or 'qkv' (q + 2 kv)."""
+    def width(self, name: str | int) -> int:
+        """A Linear's width by name: 'hidden', 'intermediate', 'q', 'kv' or 'qkv' (q + 2 kv);
+        a number is itself (derived families give their linears' widths as numbers)."""
+        if isinstance(name, int):
+            return name
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         widths = {"hidden": self.hidden_size, "intermediate": self.intermediate_size, "q": q, "kv": kv,
                   "qkv": q + 2 * kv}
@@ -82,7 +97,12 @@ class ModelSpec:
 
     @property
     def family_info(self) -> "FamilyInfo":
-        return FAMILIES[self.family]
+        if self.facts is not None:
+            return self.facts
+        if self.family in FAMILIES:
+            return FAMILIES[self.family]
+        raise UnknownModelError(f"the facts of model type {self.family!r} ({self.name}) are derived from "
+                                "transformers and were not yet: interactive_parallel.runtime.families.with_facts(spec)")
 
 
 TP_STYLES: dict[str, str] = {
@@ -90,17 +110,26 @@ TP_STYLES: dict[str, str] = {
     "rowwise": "input features split over tp; the partial outputs are all-reduced, the bias is replicated",
     "colwise_fused_qkv": "colwise on a fused [q | k | v] projection whose output features are regrouped "
                          "per head first, so each tp rank holds the q, k and v of its own heads",
+    "colwise_gather_output": "colwise, its output gathered whole again (a fused projection the model splits "
+                             "by global widths, or one a full-width norm follows)",
+    "rowwise_split_input": "rowwise on an input that arrives whole: each rank takes its own slice of it",
+    "replicated_with_grad_allreduce": "a norm between a colwise and a rowwise linear, normalizing each head "
+                                      "on its own: its weight whole on every rank, its gradient summed over tp",
 }
-"""The TP style names a family's tp_plan may use, and what each does to a linear."""
+"""The TP style names a family's tp_plan may use, and what each does to a linear. The names
+are transformers' own (`base_model_tp_plan`), but for GPT-2's hand-written fused one."""
+TP_ALIASES = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input"}
+"""transformers' other names for the same styles."""
 
 
 @dataclass(frozen=True)
 class Linear:
     """The shape of one linear of a decoder block, in widths a ModelSpec resolves (ModelSpec.width)."""
 
-    in_width: str
-    """'hidden', 'intermediate', 'q' (heads x head_dim), 'kv' (kv heads x head_dim) or 'qkv'."""
-    out_width: str
+    in_width: str | int
+    """'hidden', 'intermediate', 'q' (heads x head_dim), 'kv' (kv heads x head_dim), 'qkv', or a
+    number of features."""
+    out_width: str | int
     bias: bool | str = False
     """True, False, or the config key that switches the bias on (default off)."""
 
@@ -167,6 +196,25 @@ class FamilyInfo:
     scaled_init: tuple[str, ...] = ()
     """Block level linears whose weights the model's `_init_weights` draws with std / sqrt(2 x layers)
     (GPT-2's residual projections); the others use the config's initializer_range."""
+    block_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Block level parameters outside `linears` and `norm_paths` (Qwen3's per-head q/k norms),
+    name -> shape; whole on every tp rank."""
+    norm_init: float = 1.0
+    """What the model's `_init_weights` fills a norm's weight with: 1, or 0 where the norm
+    scales by (1 + weight) (Gemma)."""
+    embedding_scale: str = ""
+    """What the model's forward multiplies the token embeddings by before the first block: ''
+    (nothing), 'sqrt_hidden' (Gemma's normalizer) or a config key holding the factor."""
+    logit_softcap: str = ""
+    """A config key: the forward caps the logits at cap * tanh(logits / cap) ('' none)."""
+    logit_divisor: str = ""
+    """A config key: the forward divides the logits by its value ('' none)."""
+    layer_windows: tuple[int | None, ...] = ()
+    """Per decoder block, the sliding window its attention sees (None: the whole causal past);
+    empty: no block slides."""
+    layer_types: tuple[str, ...] = ()
+    """Per decoder block, the config's layer type, when the rotary table takes one (Gemma 3's
+    local and global tables); empty: one table for all."""
 
     @property
     def embed_paths(self) -> tuple[str, ...]:
@@ -186,8 +234,11 @@ class FamilyInfo:
 
 
 FAMILIES: dict[str, FamilyInfo] = {
+    # Held by hand though transformers declares it: the presets' family, read by the pure tiers
+    # (estimates, planner) without building a model. tests/test_any_model.py holds it equal to
+    # what runtime.families derives from these model types.
     "llama": FamilyInfo(
-        model_types=("llama", "mistral", "qwen2"),
+        model_types=("llama",),
         layers_path="model.layers",
         embedding_path="model.embed_tokens",
         rotary_path="model.rotary_emb",
@@ -293,12 +344,12 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def spec_from_config_dict(config: dict[str, Any], *, name: str = "custom", source: str | None = None) -> ModelSpec:
+    """A spec of `config`; a model type without a FAMILIES entry has its family facts derived
+    from transformers when first needed (ModelSpec.needs_facts)."""
     model_type = config.get("model_type", "")
-    family = next((name for name, info in FAMILIES.items() if model_type in info.model_types), None)
-    if family is None:
-        known = ", ".join(t for info in FAMILIES.values() for t in info.model_types)
-        raise UnknownModelError(f"model_type {model_type!r} has no family entry (TP plan, module map) here; "
-                                f"supported model types: {known}")
+    if not isinstance(model_type, str) or not model_type:
+        raise UnknownModelError(f"config for {name!r} has no model_type")
+    family = next((name for name, info in FAMILIES.items() if model_type in info.model_types), model_type)
     if "vocab_size" not in config:
         raise UnknownModelError(f"config for {name!r} has no vocab_size")
     return ModelSpec(name=name, family=family, config=dict(config), source=source)

@@ -119,6 +119,14 @@ def doctor(engine_id: int) -> RankInfo:
     return check(engine_id)
 
 
+def checked_spec(spec: ModelSpec) -> ModelSpec:
+    """`spec` checked by transformers (its config built, its model's forward run on the meta
+    device) and with its family facts derived (runtime.families); nothing on this rank changes."""
+    from .families import with_facts
+
+    return with_facts(spec)
+
+
 def load_model(spec: ModelSpec) -> str:
     st = _state.get()
     st.quantized = None  # the old model's weights go with it

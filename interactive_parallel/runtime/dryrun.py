@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import ModelSpec, Plan, check, mesh_coords, resolve_model
+from ..plan import ModelSpec, Plan, check, mesh_coords
 from ..plan.virtual import DryRun, Simulated, rank_classes
 from ..records import ShardRecord
 from .data import reuse_batches
@@ -232,7 +232,9 @@ def dry_run(model: Any, plan: Plan, world: int | None = None, *, steps: int = 1,
     is a model that cannot be read (UnknownModelError). exhaustive=True simulates every rank
     instead of one per class (for tests: slow on large meshes).
     """
-    spec = resolve_model(model)
+    from .families import resolved
+
+    spec = resolved(model)
     world = plan.world_size if world is None else world
     check(plan, world, spec)
     if dist.is_initialized():

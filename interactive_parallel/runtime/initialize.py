@@ -9,14 +9,16 @@ x columns of its logical 2-D shape) and each tile is drawn from a generator seed
 its peak is one tile, not one tensor, and every plan (and the one-process reference)
 sees the same weights. The distributions are the model's own `_init_weights` rules
 (transformers' PreTrainedModel): linears and embeddings normal(0, initializer_range),
-an embedding's padding row zero, norms ones and zeros, biases zeros, and the block
+an embedding's padding row zero, norms ones (or zeros where the norm scales by
+1 + weight: FamilyInfo.norm_init) and zeros, biases zeros, and the block
 linears a family scales by 1/sqrt(2 x layers) (FamilyInfo.scaled_init: GPT-2's c_proj).
 The draws themselves differ from transformers' (one generator per tile, not one stream
 for the model), which only matters to someone comparing with `from_config` bit by bit.
 
 A model given as a local directory is read slice by slice instead: safetensors
 `get_slice` (or an mmap'ed torch file) for exactly the ranges this rank holds.
-Buffers (Llama's rotary `inv_freq`) are recomputed by the model's own `_init_weights`.
+Buffers (Llama's rotary `inv_freq`, Gemma's embedding scale) are recomputed by the model's own
+`_init_weights`.
 Knows nothing of meshes, plans or parallel styles beyond what runtime.pieces gives.
 """
 from __future__ import annotations
@@ -81,7 +83,7 @@ def _rule(raw: nn.Module, name: str, spec) -> Callable[[Piece, tuple[int, ...], 
                 piece.view[row].zero_()
         return embedding
     if "Norm" in type(module).__name__:
-        value = 1.0 if leaf == "weight" else 0.0
+        value = spec.family_info.norm_init if leaf == "weight" else 0.0
         return lambda piece, shape, seed: piece.view.fill_(value)
     if leaf == "bias":
         return lambda piece, shape, seed: piece.view.zero_()
@@ -130,11 +132,19 @@ def init_from_state(par, state_dict: dict[str, torch.Tensor]) -> None:
 @torch.no_grad()
 def init_buffers(par, roots: list[nn.Module]) -> None:
     """Buffers left garbage by to_empty, recomputed by the model's own `_init_weights`
-    (modules that hold buffers and no parameters of their own: rotary tables)."""
+    (rotary tables; Gemma's embedding scale). A module that also holds parameters has them
+    stood in for by meta tensors meanwhile: `_init_weights` would draw over its shards."""
     for root in roots:
         for module in root.modules():
-            if any(True for _ in module.buffers(recurse=False)) and not any(True for _ in module.parameters(recurse=False)):
+            if not any(True for _ in module.buffers(recurse=False)):
+                continue
+            held = dict(module._parameters)
+            module._parameters.update({k: nn.Parameter(torch.empty(p.shape, device="meta"), requires_grad=False)
+                                       for k, p in held.items() if p is not None})
+            try:
                 par.raw._init_weights(module)
+            finally:
+                module._parameters.update(held)
 
 
 class SourceReader:

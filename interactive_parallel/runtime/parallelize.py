@@ -53,6 +53,10 @@ def parallelize(spec: ModelSpec, plan: Plan, *, device: torch.device | str = "cp
     """
     if fill not in FILLS:
         raise ValueError(f"fill {fill!r} is not one of {', '.join(FILLS)}")
+    if spec.needs_facts:  # a spec from plan.resolve_model alone (tests, scripts): derive here
+        from .families import with_facts
+
+        spec = with_facts(spec)
     par, roots = _layout(spec, plan, torch.device(device))
     if not materialize:
         return par

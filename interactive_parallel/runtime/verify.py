@@ -127,6 +127,10 @@ def _held(par: Parallelized, grads: bool) -> dict[str, torch.Tensor]:
     out = {}
     for name, p in owned_parameters(par).items():
         t = p.grad if grads else p
+        if t is not None and any(pl.is_partial() for pl in getattr(t, "placements", ())):
+            # A replicated weight used on sharded activations (sequence-parallel norms, Qwen3's
+            # per-head norms) has each rank's share of its gradient, not the sum, until redistributed
+            t = t.redistribute(placements=p.placements)
         if t is not None:
             out[name] = t
     return out

@@ -137,6 +137,10 @@ class PlanSection:
             return s.spec, f"{s.spec.name} (loaded)"
         try:
             spec = resolve_model(self.model_choice())
+            if spec.needs_facts:  # derived from transformers here, in this kernel (torch loads once)
+                from ..runtime.families import with_facts
+
+                spec = with_facts(spec)
         except Exception as exc:  # noqa: BLE001 - shown as a problem, not raised
             return None, f"model: {exc}"
         return spec, f"{spec.name} (not loaded yet: click Load)"

@@ -101,6 +101,9 @@ def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: 
     q_pos = local_positions(query.shape[2], cp, rank, query.device)  # [s/cp]
     k_pos = torch.arange(key.shape[2], device=query.device)  # [s]
     mask = q_pos[:, None] >= k_pos[None, :]  # [s/cp, s], causal in global positions
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if window:  # a sliding layer (Mistral, Gemma 3) sees only the last `window` keys, itself included
+        mask &= q_pos[:, None] - k_pos[None, :] < window
     if _PREFILL[0] is not None:
         cache, key_mask = _PREFILL[0]
         layer = cache.layers[module.layer_idx]

@@ -23,16 +23,21 @@ from ...plan import ModelSpec, Plan
 from ..loss import token_loss
 
 
-def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device, past: int = 0) -> torch.Tensor | None:
-    """Additive (batch, 1, seq, past + seq) mask: causal (query i sees keys up to past + i) and
-    hiding padding; None means plain causal over the queries alone (no cache, no padding).
+def causal_mask(attention_mask: torch.Tensor | None, seq: int, dtype, device, past: int = 0,
+                window: int | None = None) -> torch.Tensor | None:
+    """Additive (batch, 1, seq, past + seq) mask: causal (query i sees keys up to past + i, and
+    with a sliding `window` only the last `window` of them, itself included) and hiding padding;
+    None means plain causal over the queries alone (no cache, no padding, no window).
 
     Additive with the dtype's minimum, not -inf: a padding query that may see nothing then
     gets a uniform (finite) row instead of NaN, which would reach the real rows through V.
     """
-    if past == 0 and (attention_mask is None or bool(attention_mask.all())):
+    slides = window is not None and past + seq > window
+    if past == 0 and not slides and (attention_mask is None or bool(attention_mask.all())):
         return None
     keep = torch.ones(seq, past + seq, dtype=torch.bool, device=device).tril(past)  # [s, past + s]
+    if slides:
+        keep &= ~torch.ones_like(keep).tril(past - window)  # keys at least `window` behind the query
     if attention_mask is not None:
         keep = keep[None, None] & attention_mask[:, None, None, :].bool()  # [b, 1, s, past + s]
     else:
@@ -58,6 +63,12 @@ class StageModule(nn.Module):
 
         self.first, self.last = first, last
         self.hidden_size, self.vocab_size = spec.hidden_size, spec.vocab_size
+        self.embedding_scale = (spec.hidden_size ** 0.5 if fam.embedding_scale == "sqrt_hidden"
+                                else float(spec.config[fam.embedding_scale]) if fam.embedding_scale else None)
+        self.logit_softcap = float(spec.config[fam.logit_softcap]) if fam.logit_softcap else None
+        self.logit_divisor = float(spec.config[fam.logit_divisor]) if fam.logit_divisor else None
+        self.windows = [fam.layer_windows[i] if fam.layer_windows else None for i in layer_ids]
+        self.rotary_types = [fam.layer_types[i] for i in layer_ids] if fam.layer_types else []
         self.layer_ids = list(layer_ids)
         all_layers = raw.get_submodule(fam.layers_path)
         self.layers = nn.ModuleList([all_layers[i] for i in layer_ids])
@@ -74,9 +85,20 @@ class StageModule(nn.Module):
 
     def _embed(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids)  # [b, s] -> [b, s, h]
+        if self.embedding_scale is not None:
+            # In the embeddings' dtype, as the model's forward does (Gemma's normalizer)
+            h = h * torch.tensor(self.embedding_scale, dtype=h.dtype)
         if self.pos_embed is not None:
             h = h + self.pos_embed(position_ids)  # [1 or b, s, h] broadcast over the batch
         return self.embed_drop(h) if self.embed_drop is not None else h
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.norm(h))  # [b, s, h] -> [b, s, vocab]
+        if self.logit_divisor is not None:
+            logits = logits / self.logit_divisor
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
+        return logits
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, cache=None) -> torch.Tensor:
@@ -87,14 +109,21 @@ class StageModule(nn.Module):
         if position_ids is None:
             position_ids = (past + torch.arange(seq, device=x.device)).unsqueeze(0)  # [1, s]
         h = self._embed(x, position_ids) if self.first else x  # [b, s, h]
-        mask = causal_mask(attention_mask, seq, h.dtype, h.device, past)  # None or [b, 1, s, past + s]
+        masks = {w: causal_mask(attention_mask, seq, h.dtype, h.device, past, w)  # None or [b, 1, s, past + s]
+                 for w in set(self.windows)}
         kw = {} if cache is None else dict(cache=cache)
+        tables: dict = {}
         if self.rotary is not None:
-            kw.update(position_ids=position_ids, position_embeddings=self.rotary(h, position_ids=position_ids))
-        for layer in self.layers:
-            h = layer(h, attention_mask=mask, **kw)  # [b, s, h]
+            kw.update(position_ids=position_ids)
+            for kind in set(self.rotary_types) or [None]:  # one table, or one per layer type (Gemma 3)
+                extra = {} if kind is None else dict(layer_type=kind)
+                tables[kind] = self.rotary(h, position_ids=position_ids, **extra)
+        for i, layer in enumerate(self.layers):
+            if tables:
+                kw["position_embeddings"] = tables[self.rotary_types[i] if self.rotary_types else None]
+            h = layer(h, attention_mask=masks[self.windows[i]], **kw)  # [b, s, h]
         if self.last:
-            h = self.head(self.norm(h))  # [b, s, h] -> [b, s, vocab]
+            h = self._head(h)  # [b, s, h] -> [b, s, vocab]
         return h
 
 

@@ -1,8 +1,10 @@
 """Tensor parallel: weight matrices of the decoder layers split across the tp mesh axis.
 
-Owns turning a family's TP plan (plan.models.FAMILIES[...].tp_plan, module path -> style
-name) into DTensor ParallelStyles, including linears whose weight is stored transposed
-(transformers' Conv1D, FamilyInfo.weights_transposed) and fused q|k|v projections
+Owns turning a family's TP plan (FamilyInfo.tp_plan, module path -> style name: the names of
+transformers' own `base_model_tp_plan`) into torch's DTensor ParallelStyles: colwise and
+rowwise, their gathered-output and split-input variants, per-head norms replicated with
+their gradient summed over tp (`ReplicatedHeadNorm`), linears whose weight is stored
+transposed (transformers' Conv1D, FamilyInfo.weights_transposed) and fused q|k|v projections
 (style 'colwise_fused_qkv', regrouped per head first), sequence parallelism of the norms,
 and rewriting the attention modules' head bookkeeping for the local shard
 (FamilyInfo.local_head_attrs). Reads the family's facts, never its name; the model code
@@ -15,7 +17,7 @@ from functools import partial
 import torch
 from torch import nn
 from torch.distributed.tensor import Replicate, Shard, distribute_module, distribute_tensor
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel,
                                                SequenceParallel, parallelize_module)
 
 from ...plan import ModelSpec
@@ -95,11 +97,42 @@ def unpermute(full: torch.Tensor, dim: int, perm: torch.Tensor) -> torch.Tensor:
     return full.index_select(dim, torch.argsort(perm)).contiguous()
 
 
+class ReplicatedHeadNorm(ParallelStyle):
+    """A norm applied to each head of a colwise projection's local heads (Qwen3's q_norm and
+    k_norm): its weight whole on every tp rank, as a replicated DTensor, and its input taken as
+    this rank's shard of the heads dim, so autograd sums the weight's gradient over tp (each
+    rank's covers only its own heads). transformers' 'replicated_with_grad_allreduce' does the
+    sum with a gradient hook; here DTensor does it, which FSDP2 and DCP then see as any other
+    tp-replicated parameter.
+
+    x [b, s, heads/tp, d] (local) -> y [b, s, heads/tp, d] (local).
+    """
+
+    def _apply(self, module: nn.Module, device_mesh):
+        def partition(_name, mod, mesh):
+            _distribute(mod, mesh, {n: [Replicate()] for n, _ in mod.named_parameters(recurse=False)})
+
+        def to_dtensor(_mod, inputs, mesh):
+            from torch.distributed.tensor import DTensor
+
+            x = inputs[0]
+            return (DTensor.from_local(x, mesh, [Shard(x.dim() - 2)], run_check=False), *inputs[1:])
+
+        return distribute_module(module, device_mesh, partition, to_dtensor, lambda _m, out, _mesh: out.to_local())
+
+
 def _style(style: str, transposed: bool, out_layout) -> nn.Module:
+    """Our ParallelStyle for a plan.models.TP_STYLES name (transformers' names, mapped onto torch's styles)."""
     if style not in TP_STYLES:
         raise ValueError(f"TP style {style!r} is not one of {', '.join(TP_STYLES)}")
+    if style == "replicated_with_grad_allreduce":
+        return ReplicatedHeadNorm()
+    if style == "colwise_gather_output":
+        return Colwise(transposed=transposed, output_layouts=Replicate())
     if style.startswith("colwise"):
         return Colwise(transposed=transposed)
+    if style == "rowwise_split_input":
+        return Rowwise(transposed=transposed, input_layouts=Replicate(), output_layouts=out_layout)
     return Rowwise(transposed=transposed, output_layouts=out_layout)
 
 
@@ -125,7 +158,8 @@ def _sp_plan(spec: ModelSpec, layer_ids) -> dict[str, nn.Module]:
     for i in layer_ids:
         block = f"{fam.layers_path}.{i}"
         for norm in fam.norm_paths:
-            plan[f"{block}.{norm}"] = SequenceParallel()  # [b, s/tp, h] in and out
+            # [b, s/tp, h] in and out, local: a post-norm (Gemma 3, OLMo 2) feeds the residual add directly
+            plan[f"{block}.{norm}"] = SequenceParallel(use_local_output=True)
         plan[f"{block}.{fam.attention_path}"] = gather(fam.attention_input)
         plan[f"{block}.{fam.mlp_path}"] = gather()
     return plan
