@@ -10,7 +10,8 @@ from interactive_parallel.records import GenerateOptions
 
 
 def train_and_grads(spec, plan: Plan, steps: int) -> dict:
-    """Per-step global losses, then loss/full grads on the next batch and the full weights."""
+    """Per-step global losses, then loss/full grads on the next batch and the full weights; the
+    memory and comm records of the first step."""
     from interactive_parallel.runtime import state
     from interactive_parallel.runtime.parallelize import parallelize
     from interactive_parallel.runtime.train import make_optimizer, train_step
@@ -18,14 +19,16 @@ def train_and_grads(spec, plan: Plan, steps: int) -> dict:
 
     par = parallelize(spec, plan)
     opt = make_optimizer(par)
-    losses = []
+    losses, first = [], None
     for step in range(steps):
         rec = train_step(par, opt, step)
         losses.append(global_loss(par, rec.loss))
+        first = first or rec
     loss, grads = loss_and_grads(par, steps)
     weights = par.full_state_dict()
     state.get().reset_model()
-    return {"losses": losses + [loss], "grads": grads, "weights": weights}
+    return {"losses": losses + [loss], "grads": grads, "weights": weights, "memory": first.memory,
+            "comms": first.comms}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -63,7 +66,7 @@ def one_step_records(rank: int, configs: list[tuple[str, str, dict]], precision:
 
     out = {}
     for label, preset, fields in configs:
-        par = parallelize(PRESETS[preset], Plan(**fields, precision=precision))
+        par = parallelize(as_spec(preset), Plan(**fields, precision=precision))
         rec = train_step(par, make_optimizer(par), 0, rank=rank)
         out[label] = (rec.memory, rec.comms, probes.shard_records(par, rank))
         state.get().reset_model()

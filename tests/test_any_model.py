@@ -148,6 +148,21 @@ def test_every_family_matches_one_process_under_every_plan(results, model_type, 
     assert W.max_diff(got["weights"], ref["weights"]) < WEIGHT_TOL
 
 
+@pytest.mark.multirank
+@pytest.mark.parametrize("model_type, label, fields", CASES, ids=[f"{m}-{label}" for m, label, _ in CASES])
+def test_every_familys_memory_is_what_the_estimator_predicts(results, model_type, label, fields):
+    """Rank 0's first step: parameters, gradients and optimizer state byte for byte, activations
+    within the estimator's stated 10 % (plan/activations.py reads the derived facts: the norms a
+    block holds, per-head q/k norms, gathered projections, a fused q|k|v's views)."""
+    from interactive_parallel import Plan
+    from interactive_parallel.plan.estimate import predict_memory
+
+    got = results[f"{model_type}-{label}"]["memory"]
+    want = predict_memory(spec_of(model_type), Plan(**SMALL, **fields))[0]
+    assert (got.params, got.grads, got.optimizer) == (want.params, want.grads, want.optimizer)
+    assert abs(got.activations / want.activations - 1) <= 0.10, (got.activations, want.activations)
+
+
 # ---- through a Session ---------------------------------------------------------------------------------
 
 @pytest.mark.session
@@ -171,3 +186,23 @@ def test_a_session_lays_out_a_derived_family_and_a_refused_config_loses_nothing(
             assert s.spec.family == "qwen3" and s.plan.tp == 2
         assert {r.step for r in s.train(steps=1)} == {2}  # the trained model went on
         assert s.verify().ok
+
+
+DRY = ("qwen3", "phi3", "gemma3_text")
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("model_type, label", [(m, label) for m in DRY for label in PLANS_2],
+                         ids=[f"{m}-{label}" for m in DRY for label in PLANS_2])
+def test_a_dry_run_of_a_derived_family_records_what_its_live_run_did(results, model_type, label):
+    """Rank 0's first step, memory and comm ledger, byte for byte, as the presets' (test_dryrun.py)."""
+    from test_dryrun import _per_rank
+
+    from interactive_parallel import Plan, dry_run
+
+    d = dry_run(spec_of(model_type), Plan(**SMALL, **PLANS_2[label]))
+    got, dry = results[f"{model_type}-{label}"], d.memory()[0]
+    live = got["memory"]
+    assert (dry.params, dry.grads, dry.optimizer, dry.activations) == \
+        (live.params, live.grads, live.optimizer, live.activations)
+    assert _per_rank(d.comms(0)).get(0, {}) == _per_rank(got["comms"]).get(0, {})

@@ -97,20 +97,66 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     tokens = rows * seq // plan.cp  # this rank's share of the sequence
     sp = plan.sequence_parallel and tp > 1
     wide, scalars = fam.norm_saves
-    norms = 2 * (tokens // tp if sp else tokens) * (wide * h + scalars) * FP32
+    norms = len(fam.norm_paths) * (tokens // tp if sp else tokens) * (wide * h + scalars) * FP32
+    # Under tp a module computes on its own heads or features only when its input linears leave
+    # their outputs split; gathered ones (Phi-3's fused projections, OLMo 2's q/k/v) give every
+    # rank the whole width.
+    tp_attn, tp_mlp = _split(spec, plan, fam.attention_path), _split(spec, plan, fam.mlp_path)
+    norms += tokens * _head_norm_saves(spec, tp_attn) * FP32
     # The input of the attention and of the MLP (whole sequence: SP gathers it): fp32, one
     # tensor read by every input linear; under autocast a cast copy for each of them.
     copies = [1, 1] if a == FP32 else [_colwise(spec, fam.attention_path), _colwise(spec, fam.mlp_path)]
     inputs = sum(copies) * tokens * h * a
     # SDPA keeps q, k, v, its output and the log-sum-exp per head (fp32).
-    attention = tokens * (2 * q // tp * a + spec.num_heads // tp * FP32)
+    attention = tokens * (2 * q // tp_attn * a + spec.num_heads // tp_attn * FP32)
     if plan.cp > 1:  # whole-sequence K and V (GQA repeated first), and the causal mask of our queries
         kv_width = q if spec.num_kv_heads != spec.num_heads else kv
-        attention += 2 * rows * seq * kv_width // tp * a + (seq // plan.cp) * seq * a
+        attention += 2 * rows * seq * kv_width // tp_attn * a + (seq // plan.cp) * seq * a
     else:
-        attention += tokens * 2 * kv // tp * a
-    mlp = fam.mlp_saves * tokens * i // tp * a
+        attention += tokens * 2 * kv // tp_attn * a
+    attention += tokens * _fused_view(spec) // tp_attn * a
+    mlp = fam.mlp_saves * tokens * i // tp_mlp * a
     return Parts(norms=norms, linear_inputs=inputs, attention=attention, mlp=mlp)
+
+
+def _split(spec: ModelSpec, plan: Plan, module: str) -> int:
+    """tp, or 1 when an input linear of `module` gathers its output whole again."""
+    styles = spec.family_info.block_tp_styles()
+    gathered = any(st == "colwise_gather_output" for path, st in styles.items() if path.startswith(f"{module}."))
+    return 1 if gathered else plan.tp
+
+
+def _fused_view(spec: ModelSpec) -> int:
+    """Extra elements per token SDPA's saved v holds when it is a view of a fused q|k|v output
+    that reaches attention unregrouped (Phi-3's qkv_proj): the whole fused storage (q + 2 kv)
+    stays alive where a v of its own would hold kv. GPT-2's regrouped c_attn (colwise_fused_qkv)
+    is counted by its hand-tuned entry."""
+    fam = spec.family_info
+    styles = fam.block_tp_styles()
+    fused = spec.width("q") + 2 * spec.width("kv")
+    for path, lin in fam.linears.items():
+        if (path.startswith(f"{fam.attention_path}.") and spec.width(lin.out_width) == fused
+                and styles.get(path) in (None, "colwise_gather_output")):
+            return spec.width("q") + spec.width("kv")
+    return 0
+
+
+def _head_norm_saves(spec: ModelSpec, tp: int) -> int:
+    """Elements per token the norms inside attention keep (Qwen3 and Gemma 3 normalize each head
+    of q and k, OLMo 2 the whole of them): the norm's input and output, and one statistic per
+    head (or per token)."""
+    fam = spec.family_info
+    wide, scalars = fam.norm_saves
+    out = 0
+    for name, shape in fam.block_params.items():
+        path = name.rsplit(".", 1)[0]
+        if not (path.startswith(f"{fam.attention_path}.") and "norm" in path):
+            continue
+        which = "kv" if path.rsplit(".", 1)[-1].startswith("k") else "q"
+        width = spec.width(which)
+        groups = width // shape[0] if shape[0] else 1  # per head: heads; whole width: one
+        out += (wide * width + scalars * groups) // tp
+    return out
 
 
 def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_only: bool = False) -> int:

@@ -2,8 +2,9 @@
 
 Owns the preset registry (configs as plain dicts, built into transformers configs by the
 runtime), the configs the package ships for planning real models (CONFIGS: JSON files in
-interactive_parallel/configs, no weights: Llama-3-8B, Llama-3-70B, a Llama-3.1-405B shape
-and GPT-2 XL, its dropout off as in the presets), and `FamilyInfo`: everything that differs
+interactive_parallel/configs, no weights: Llama-3-8B, Llama-3-70B, a Llama-3.1-405B shape,
+Qwen3-32B, Gemma-3-27B's text model, Mistral-7B and GPT-2 XL, its dropout off as in the
+presets), and `FamilyInfo`: everything that differs
 between model families, as data: module paths (blocks, embeddings, positions, rotary, norms,
 head, attention, MLP), each block linear's shape and TP style, Conv1D's transposed weights,
 the fused q|k|v projection, how attention takes its input, the tied head, and what the
