@@ -206,3 +206,17 @@ def test_a_dry_run_of_a_derived_family_records_what_its_live_run_did(results, mo
     assert (dry.params, dry.grads, dry.optimizer, dry.activations) == \
         (live.params, live.grads, live.optimizer, live.activations)
     assert _per_rank(d.comms(0)).get(0, {}) == _per_rank(got["comms"]).get(0, {})
+
+
+@pytest.mark.rank1
+@pytest.mark.parametrize("name, billions", [("qwen3-32b", 32.76), ("gemma-3-27b-text", 27.01), ("mistral-7b", 7.24),
+                                            ("llama-3-8b", 8.03)])
+def test_the_shipped_configs_plan_as_the_models_they_name(name, billions):
+    """Derived on the meta device (no storage): the parameter count of the published model."""
+    import math
+
+    from interactive_parallel.runtime.families import resolved
+
+    spec = resolved(name)
+    total = sum(math.prod(p.shape) for p in param_inventory(spec))
+    assert round(total / 1e9, 2) == billions
