@@ -6,6 +6,10 @@ Prints three tables:
   fraction of the model's fp32 bytes (target <= 0.35), beside building the whole model
   in one process (runtime.models.build_model), which is what every rank did before the
   meta-device build;
+- save_pretrained: peak RSS per rank while a Session writes the same model, laid out under
+  fsdp=4, as a transformers directory (Session.save_pretrained: each rank's pieces, then
+  torch's consolidation), beyond the rank's RSS just before, as the same fraction (target
+  <= 0.35), and the seconds it took;
 - re-plan: a warm `apply(dp4)` from dp2xtp2 and `apply + train(steps=20)` in a 4-rank
   Session (tiny-llama, batch 8x64), without snapshots and with the default interval; compare
   with accelerate's notebook_launcher in bench_session.py;
@@ -15,7 +19,7 @@ Prints three tables:
   and the same as a number of training steps.
 
 Numbers move with machine load: run it on an otherwise idle machine.
-    python bench/bench_state.py [--repeats 3] [--skip-load]
+    python bench/bench_state.py [--repeats 3] [--skip-load] [--skip-save] [--only-save]
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,6 +38,7 @@ from interactive_parallel import Plan, Session
 from interactive_parallel.cluster.model_ops import SNAPSHOT_EVERY
 from interactive_parallel.runtime import api
 from interactive_parallel.records import ScratchLayout
+from interactive_parallel.runtime.probes.memory import peak_rss, reset_peak_rss
 
 LLAMA_300M = dict(model_type="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                   num_hidden_layers=20, num_attention_heads=16, num_key_value_heads=16,
@@ -60,6 +66,25 @@ def load_numbers() -> dict:
     if not lines:
         raise RuntimeError(out.stderr[-3000:])
     return {"rows": json.loads(lines[-1]), "model_bytes": 4 * params(LLAMA_300M)}
+
+
+def save_numbers(s: Session) -> dict:
+    """Peak RSS per rank (beyond its RSS before) and seconds of one save_pretrained of LLAMA_300M
+    under fsdp=4; a warm-up save of the small config first (imports, one-off set-up)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s.load_model(WARM)
+        s.apply(Plan(fsdp=4, **BATCH))
+        s.save_pretrained(os.path.join(tmp, "warm"))
+        s.load_model(LLAMA_300M)
+        s.apply(Plan(fsdp=4, **BATCH))
+        before = s.run(reset_peak_rss)
+        t = time.perf_counter()
+        out = s.save_pretrained(os.path.join(tmp, "measured"))
+        seconds = time.perf_counter() - t
+        peaks = s.run(peak_rss)
+        on_disk = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
+    return {"grew": [p - b for p, b in zip(peaks, before)], "seconds": seconds, "bytes": on_disk,
+            "model_bytes": 4 * params(LLAMA_300M)}
 
 
 def replan_numbers(s: Session, repeats: int) -> dict:
@@ -99,9 +124,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--skip-save", action="store_true")
+    ap.add_argument("--only-save", action="store_true", help="the save_pretrained table alone")
     args = ap.parse_args()
     print(f"{os.cpu_count()} cores; medians of {args.repeats}")
-    if not args.skip_load:
+    if not args.skip_load and not args.only_save:
         load = load_numbers()
         mb = load["model_bytes"]
         print(f"\nload: Llama {params(LLAMA_300M) / 1e6:.0f} M parameters ({mb / 2**20:,.0f} MiB fp32) under fsdp=4")
@@ -113,6 +140,16 @@ def main() -> None:
                 whole = r["whole_peak"] - r["whole_before"]
         print(f"{'whole':>6s}{whole / 2**20:>22,.0f}{whole / mb:>16.3f}   build_model in one process (before)")
     with Session(ranks=4) as s:
+        save = None if args.skip_save else save_numbers(s)
+        if save is not None:
+            mb = save["model_bytes"]
+            print(f"\nsave_pretrained: Llama {params(LLAMA_300M) / 1e6:.0f} M parameters under fsdp=4, "
+                  f"{save['seconds']:.1f} s, {save['bytes'] / 2**20:,.0f} MiB written")
+            print(f"{'rank':>6s}{'peak - before, MiB':>22s}{'x model bytes':>16s}")
+            for rank, grew in enumerate(save["grew"]):
+                print(f"{rank:>6d}{grew / 2**20:>22,.0f}{grew / mb:>16.3f}")
+        if args.only_save:
+            return
         replan = replan_numbers(s, args.repeats)
         snaps = snapshot_numbers(s, args.repeats)
     print("\nre-plan dp2xtp2 -> dp4 (tiny-llama, 4 ranks, batch 8x64)")

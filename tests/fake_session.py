@@ -85,7 +85,8 @@ class FakeSession:
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
                           on_step: Callable[[list[StepRecord]], None] | None = None,
-                          snapshot_every: int | None = None) -> RecordList:
+                          snapshot_every: int | None = None, data: str | None = None) -> RecordList:
+        self._data = data if data is not None else getattr(self, "_data", None)  # kept, as Session keeps it
         knobs = dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr, precision=precision)
         self.calls.append(("train", steps, knobs))  # snapshots have nothing to keep here
         self._require_model()

@@ -2,8 +2,9 @@
 before a save replaces a directory or a load reads another model, and the atomic directory a
 save is written under.
 
-Owns `MANIFEST` (model spec, plan, tensors, optimizer, step: JSON, written last, so a directory
-with it is a whole checkpoint), the rule that a save replaces only a checkpoint, and the
+Owns `MANIFEST` (model spec, plan, tensors, optimizer, step, kind: JSON, written last, so a
+directory with it is whole; a transformers directory from save_pretrained carries one too, so
+either save may replace the other), the rule that a save replaces only a checkpoint, and the
 checks a load makes on this side before any rank reads (an interrupted save, no manifest, a
 checkpoint of another model, naming its parameters). A save is written under a temporary
 name beside its path and moved into place (runtime/atomic_dir.py); the tensors themselves are
@@ -24,6 +25,9 @@ from ..runtime import atomic_dir
 from .errors import SessionError
 
 MANIFEST = "interactive_parallel.json"
+TRANSFORMERS = "transformers"
+"""The manifest's `kind` of a directory written for transformers (Session.save_pretrained),
+which save may replace and load refuses: load_model reads it."""
 
 
 class CheckpointError(SessionError):
@@ -46,11 +50,13 @@ def refuse_replacing(path: str) -> None:
                               f"{', ...' if len(entries) > 5 else ''}): saving would replace them; pick another path")
 
 
-async def save(path: str, spec: ModelSpec, plan: Plan, write: Callable[[str], Awaitable[SaveInfo]]) -> str:
+async def save(path: str, spec: ModelSpec, plan: Plan, write: Callable[[str], Awaitable[SaveInfo]],
+               kind: str = "checkpoint") -> str:
     """Refuse a `path` that is not a checkpoint first (before `write` touches any rank); then
     `write(staging)` has the ranks write their shards there, the manifest follows, and the
     directory moves into place. An interrupted save leaves the previous checkpoint at `path`
-    whole and its own files under `<path>.partial-<token>` (removed by the next save of `path`)."""
+    whole and its own files under `<path>.partial-<token>` (removed by the next save of `path`).
+    `kind`: what the manifest says the directory is (TRANSFORMERS: a save_pretrained)."""
     path = os.path.abspath(path)  # the ranks' working directory is not ours
     refuse_replacing(path)
     atomic_dir.remove_partials(path)
@@ -59,7 +65,7 @@ async def save(path: str, spec: ModelSpec, plan: Plan, write: Callable[[str], Aw
     try:
         info = await write(staging)
         manifest = {"model": dataclasses.asdict(spec), "plan": plan.to_dict(),
-                    "tensors": info.tensors, "optimizer": info.optimizer, "step": info.step}
+                    "tensors": info.tensors, "optimizer": info.optimizer, "step": info.step, "kind": kind}
         with open(os.path.join(staging, MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
         atomic_dir.publish(staging, path)
@@ -83,7 +89,11 @@ def check_loadable(path: str, spec: ModelSpec) -> str:
         raise FileNotFoundError(f"{path} holds no checkpoint of this package ({MANIFEST} missing)"
                                 + (f"; {', '.join(left)}: an interrupted save of it" if left else ""))
     with open(manifest_path) as f:
-        saved = json.load(f)["model"]
+        manifest = json.load(f)
+    if manifest.get("kind") == TRANSFORMERS:
+        raise FileNotFoundError(f"{path} is a transformers directory (save_pretrained), not a checkpoint: "
+                                f"load_model({path!r}) reads its weights")
+    saved = manifest["model"]
     if saved.get("config") != spec.config:
         from ..plan.estimate import param_inventory, parameter_mismatches
 
@@ -93,3 +103,16 @@ def check_loadable(path: str, spec: ModelSpec) -> str:
                               f"{spec.name!r} (load_model the same model first)",
                               parameter_mismatches(ours, theirs) or ["same parameters, another config"])
     return path
+
+
+def shard_bytes(max_shard_size: int | str) -> int:
+    """Bytes of `max_shard_size` ('5GB', '500MB' or an int), parsed as transformers' save_pretrained
+    parses it (huggingface_hub's parser: decimal units), or ValueError before any rank is touched."""
+    if isinstance(max_shard_size, str):
+        from huggingface_hub.serialization._base import parse_size_to_int
+
+        max_shard_size = parse_size_to_int(max_shard_size)
+    if isinstance(max_shard_size, bool) or not isinstance(max_shard_size, int) or max_shard_size < 1:
+        raise ValueError(f"max_shard_size({max_shard_size!r}) must be a positive number of bytes or a size "
+                         "such as '5GB'")
+    return max_shard_size

@@ -3,20 +3,27 @@
 Owns every check that needs only the input and what the client already knows (the session's
 device and size, the loaded model's spec, the applied plan, the quantization scheme): a plan
 for this session, debug mode under DDP, prompts, serving requests, a fault to inject, the
-whole numbers of a training call. Each returns the checked value or raises one exception
-listing every problem with its numbers; pure, so each is tested on inputs alone
-(tests/test_checks.py). Knows nothing of ranks, pools or torch; memory admission, which asks
-the ranks what is free, lives with the model operations (cluster/model_ops.py).
+whole numbers of a training call, the text a training call reads (reading the files with
+plain Python, no tokenizer) and whether the tokens it makes fill one batch. Each returns
+the checked value or raises one exception listing every problem with its numbers; pure, so
+each is tested on inputs alone (tests/test_checks.py, tests/test_own_data.py). Knows nothing
+of ranks, pools or torch; memory admission, which asks the ranks what is free, lives with
+the model operations (cluster/model_ops.py), and so does asking rank 0 how many tokens a
+text makes.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import json
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..plan import ModelSpec, Plan, PlanError, check
 from ..plan.inference import quantization_problems, request_problems
 from ..plan.plan import DEVICES
-from ..records import FaultSpec, Request
+from ..records import DataSource, FaultSpec, Request
 from .errors import SessionError
 from .pool import LAUNCHES
 
@@ -54,6 +61,101 @@ def check_counts(**counts: Any) -> None:
     problems = [f"{name}({value!r}) must be a whole number >= 0" for name, value in counts.items() if not whole(value)]
     if problems:
         raise PlanError(problems)
+
+
+ARITHMETIC = "arithmetic"
+"""`train(data=ARITHMETIC)`: back to the package's synthetic task (the default)."""
+TEXT_SUFFIXES = ("", ".txt", ".text", ".md")
+"""A file with one of these suffixes is one plain text (UTF-8); `.jsonl` has a `text` per line."""
+
+
+class DataError(ValueError):
+    """The text given to train cannot be read as training data; the message says why."""
+
+
+def check_data(data: Any) -> DataSource | None:
+    """The DataSource a train call reads for `data` (a path; ARITHMETIC: None, the synthetic
+    task), or DataError: missing, of an unknown kind, empty, a .jsonl line without a `text`
+    string, a datasets directory without datasets installed. Reads the file, not the ranks."""
+    if isinstance(data, str) and data == ARITHMETIC:
+        return None
+    if not isinstance(data, (str, os.PathLike)) or not str(data).strip():
+        raise DataError(f"data {data!r} must be a path to a text file, a .jsonl file or a datasets directory "
+                        f"(or {ARITHMETIC!r})")
+    path = Path(data).expanduser().resolve()
+    if not path.exists():
+        raise DataError(f"data {str(data)!r}: no such file or directory ({path})")
+    if path.is_dir():
+        return _dataset_source(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        _check_jsonl(path)
+        return DataSource(path=str(path), format="jsonl")
+    if suffix not in TEXT_SUFFIXES:
+        raise DataError(f"data {str(path)!r}: unknown kind {suffix!r}: give a text file ("
+                        + ", ".join(repr(s) for s in TEXT_SUFFIXES if s) + " or no suffix), a .jsonl file with "
+                        "a 'text' field per line, or a directory written by datasets' save_to_disk")
+    _check_text(path)
+    return DataSource(path=str(path), format="text")
+
+
+def _check_text(path: Path) -> None:
+    """Some text that is not blank, read up to its first (a large file is not read whole here)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            while chunk := f.read(1 << 20):
+                if chunk.strip():
+                    return
+    except UnicodeDecodeError as exc:
+        raise DataError(f"data {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start} of a block)") from None
+    raise DataError(f"data {str(path)!r} is empty" + (" (only blanks)" if path.stat().st_size else ""))
+
+
+def _check_jsonl(path: Path) -> None:
+    bad: list[str] = []
+    texts = 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                bad.append(f"line {n} is not JSON ({exc.msg})")
+                continue
+            text = row.get("text") if isinstance(row, dict) else None
+            if not isinstance(text, str):
+                keys = ", ".join(map(repr, row)) if isinstance(row, dict) else type(row).__name__
+                bad.append(f"line {n} has no 'text' string (it holds {keys or 'nothing'})")
+            elif text.strip():
+                texts += 1
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise DataError(f"data {str(path)!r}: every line needs a 'text' string: " + "; ".join(bad[:3]) + more)
+    if not texts:
+        raise DataError(f"data {str(path)!r} is empty: no line holds any text")
+
+
+def _dataset_source(path: Path) -> DataSource:
+    # save_to_disk writes these: state.json beside the arrow files (a Dataset), dataset_dict.json
+    # above one directory per split (a DatasetDict).
+    if not ((path / "state.json").is_file() or (path / "dataset_dict.json").is_file()):
+        raise DataError(f"data {str(path)!r}: unknown kind: a directory, but not one written by datasets' "
+                        "save_to_disk (no state.json or dataset_dict.json)")
+    if importlib.util.find_spec("datasets") is None:
+        raise DataError(f"data {str(path)!r} was written by datasets' save_to_disk, and the datasets package "
+                        "is not installed: pip install datasets, or give a text or .jsonl file")
+    return DataSource(path=str(path), format="datasets")
+
+
+def check_data_length(source: DataSource, tokens: int, batch_size: int, seq_len: int, model: str = "") -> None:
+    """DataError unless `tokens` (the text under the model's tokenizer, as rank 0 counted it)
+    fill one batch: batch_size rows of seq_len + 1 tokens."""
+    need = batch_size * (seq_len + 1)
+    if tokens < need:
+        under = f" under {model}'s tokenizer" if model else ""
+        raise DataError(f"data {source.path!r} is shorter than one batch: {tokens} tokens{under}, and "
+                        f"batch_size({batch_size}) x (seq_len({seq_len}) + 1) = {need}")
 
 
 def check_prompts(prompts: list, max_new_tokens: Any, temperature: float, top_k: int, spec: ModelSpec) -> None:

@@ -1,5 +1,6 @@
 """The model as the client knows it, and every action on it: load, lay out, train, generate,
-serve, quantize, verify, checkpoints, export, layout, probes and debug mode.
+serve, quantize, verify, checkpoints, transformers directories, export, layout, probes and
+debug mode.
 
 Owns the order of each action's steps: refuse bad input first (cluster/checks.py), ask the
 ranks what memory is free before a layout that may not fit (memory admission), then the rank
@@ -20,13 +21,13 @@ from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan, PlanError, UnknownModelError, check, resolve_model
 from ..plan.inference import serving_engine
-from ..records import (DecodeStep, GenerateOptions, RecordList, RequestRecord, ServeOptions,
+from ..records import (DataSource, DecodeStep, GenerateOptions, RecordList, RequestRecord, ServeOptions,
                        ServeResult, StepRecord, TokenRecord, VerifyReport)
 from ..runtime import api
 from . import checkpoints, checks
 from .errors import RankError, SessionError
 from .rankset import RankSet
-from .recovery import ModelState, Recovery
+from .recovery import Recovery
 from .streams import InferenceStream, StepAssembler
 from .telemetry import Telemetry
 
@@ -57,6 +58,8 @@ class ModelOps:
     """Set by interrupt(): the running train/generate stops at the ranks' next boundary."""
     snapshot_every: int = SNAPSHOT_EVERY
     """Steps between recovery snapshots during train (0: none)."""
+    data: DataSource | None = None
+    """The text train and verify read, as the latest train(data=...) gave it (None: the synthetic task)."""
 
     state = property(lambda self: self.recovery.state, doc="What the client knows of the laid-out model.")
     scratch = property(lambda self: self.recovery.scratch,
@@ -150,14 +153,26 @@ class ModelOps:
 
     # ---- long calls ---------------------------------------------------------------------------------
     async def train(self, steps: int, on_step: Callable[[list[StepRecord]], None] | None = None,
-                    snapshot_every: int | None = None, **knobs: Any) -> RecordList:
+                    snapshot_every: int | None = None, data: Any = None, **knobs: Any) -> RecordList:
+        """`data`: a path, checks.ARITHMETIC, or None (the text of the call before)."""
         every = self.snapshot_every if snapshot_every is None else snapshot_every
         checks.check_counts(steps=steps, snapshot_every=every)
-        self.require_model()
+        spec = self.require_model()
         checks.refuse_quantized(self.quantization, "train")
+        source = self.data if data is None else checks.check_data(data)
         self.stop.clear()
         base = self.plan or self.default_plan()
         plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
+        if source is not None:  # the tokens need the model's tokenizer: rank 0 counts (and keeps) them
+            await self.ranks.require()
+            try:
+                tokens = (await self.ranks.call(api.data_tokens, (source,), ranks=[0], what="train"))[0]
+            except RankError as exc:
+                if exc.ename in ("ValueError", "UnicodeDecodeError", "JSONDecodeError"):  # the text as rank 0 read it
+                    raise checks.DataError(f"data {source.path!r} on rank 0: {exc.evalue}") from None
+                raise
+            checks.check_data_length(source, tokens, plan.batch_size, plan.seq_len, spec.name)
+        self.data = source
         if self.plan is None:
             await self.apply(plan)
         elif plan != self.plan:
@@ -176,7 +191,8 @@ class ModelOps:
                           "the model restarts from its seed; pass Session(state_dir=<a shared path>) to keep them")
             every = 0
         try:
-            await self.ranks.stream(api.train, (steps, every, scratch), steps_in.take, what="train", stop=self.stop)
+            await self.ranks.stream(api.train, (steps, every, scratch, source), steps_in.take, what="train",
+                                    stop=self.stop)
         finally:
             steps_in.close()  # a failed run: keep what the ranks did report
         return steps_in.out
@@ -250,7 +266,7 @@ class ModelOps:
         plan = self.require_layout()
         checks.refuse_quantized(self.quantization, "verify")
         await self.ranks.require()
-        report = (await self.ranks.call(api.verify, what="verify"))[0]
+        report = (await self.ranks.call(api.verify, kwargs={"data": self.data}, what="verify"))[0]
         return replace(report, plan=plan.describe())
 
     async def layout(self) -> RecordList:
@@ -286,6 +302,19 @@ class ModelOps:
             return (await self.ranks.call(api.save_checkpoint, (staging,), what="save"))[0]
 
         return await checkpoints.save(path, self.spec, plan, write)
+
+    async def save_pretrained(self, path: str, max_shard_size: int | str) -> str:
+        """A transformers directory at `path` (runtime.hf_export), under save's rules: a path that
+        is not ours refused, written under a staging name and moved into place."""
+        plan = self.require_layout()
+        checks.refuse_quantized(self.quantization, "save_pretrained")
+        limit = checkpoints.shard_bytes(max_shard_size)
+
+        async def write(staging: str):
+            await self.ranks.require()
+            return (await self.ranks.call(api.save_pretrained, (staging, limit), what="save_pretrained"))[0]
+
+        return await checkpoints.save(path, self.spec, plan, write, kind=checkpoints.TRANSFORMERS)
 
     async def load(self, path: str, keep_quantization: bool = False) -> str:
         spec = self.require_model()

@@ -201,7 +201,7 @@ class Session:
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
                           on_step: Callable[[list[StepRecord]], None] | None = None,
-                          snapshot_every: int | None = None) -> RecordList:
+                          snapshot_every: int | None = None, data: str | None = None) -> RecordList:
         """Run `steps` optimizer steps in one call to the ranks; every rank's StepRecords (also in
         .history), each carrying the memory, comms and compute intervals the probes measured.
 
@@ -211,8 +211,19 @@ class Session:
         ends every rank at the same step boundary. A rank that raises gives a RankError naming
         it; the steps done before it are kept. Every `snapshot_every` steps (default: the
         session's) the ranks snapshot weights and optimizer state: after a rank dies, the next
-        call resumes from the newest snapshot."""
-        return await self.model.train(steps, on_step, snapshot_every, batch_size=batch_size, seq_len=seq_len,
+        call resumes from the newest snapshot.
+
+        `data`: the text to train on, kept like the knobs for later calls and for verify() (None:
+        keep the session's, at first the package's synthetic additions; 'arithmetic': back to
+        them). A path to a text file (.txt, .md or no suffix), a .jsonl file with a 'text'
+        string per line, or a directory written by datasets' save_to_disk (needs datasets), at
+        a path every rank can read. The ranks tokenize it once with the model's tokenizer, join
+        its documents with the end-of-sequence token and cut rows of seq_len + 1 tokens; a
+        step's batch is the next batch_size rows of a seeded shuffle (the same for the same
+        seed and step) and each data-parallel rank reads only its own. A missing, empty or
+        unreadable text, or one shorter than one batch (rank 0 counts its tokens), is refused
+        before any rank trains, with the numbers."""
+        return await self.model.train(steps, on_step, snapshot_every, data, batch_size=batch_size, seq_len=seq_len,
                                       grad_accum=grad_accum, lr=lr, precision=precision)
 
     def interrupt(self) -> None:
@@ -293,7 +304,8 @@ class Session:
 
     async def verify_async(self) -> VerifyReport:
         """Loss and per-parameter gradient differences against one process holding the whole
-        model, on the current weights and the current step's batch (no optimizer step). The
+        model, on the current weights and the current step's batch (of the text train(data=...)
+        set, else the synthetic task; no optimizer step). The
         reference is built on rank 0 only; when it would not fit there, the report says so with
         the numbers (`note`) instead of trying."""
         return await self.model.verify()
@@ -302,6 +314,21 @@ class Session:
         """Write weights, optimizer state and step (each rank its own shards) with
         torch.distributed.checkpoint."""
         return await self.model.save(path)
+
+    # 5GB, not transformers' 50GB: one rank merges each output file while its peers wait at
+    # torch's barrier under the collective timeout, so smaller files share that work out.
+    async def save_pretrained_async(self, path: str, *, max_shard_size: int | str = "5GB") -> str:
+        """Write the model as a transformers directory, which `AutoModelForCausalLM.from_pretrained(path)`
+        and `AutoTokenizer.from_pretrained(path)` load (and load_model(path) too): config, generation
+        config, safetensors weights under the transformers names, in files of at most
+        `max_shard_size` ('5GB', '500MB' or bytes; a larger tensor alone in its own) with
+        model.safetensors.index.json when there are several, and the tokenizer (the model
+        directory's own, else the package's). Each rank writes its own shards and
+        torch.distributed.checkpoint's consolidation merges them a tensor at a time: no rank
+        holds the whole model. As for save: a non-empty path that is not ours is refused, the
+        directory appears whole or not at all, ranks on several hosts need a path they all
+        share; a quantized model is refused."""
+        return await self.model.save_pretrained(path, max_shard_size)
 
     async def load_async(self, path: str, *, keep_quantization: bool = False) -> str:
         """Load weights, optimizer state and step saved under any plan into the current layout

@@ -13,7 +13,7 @@ from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord,
 from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
                     NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
 from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
-from .training import CommRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
+from .training import CommRecord, DataKind, DataSource, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
 
 __all__ = [
     "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
@@ -22,5 +22,5 @@ __all__ = [
     "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport", "GenerateOptions", "ServeEngine", "ServeOptions",
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",
     "RankIdentity", "RankPlace", "LayoutInfo",
-    "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo",
+    "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo", "DataKind", "DataSource",
 ]

@@ -7,7 +7,7 @@ the file formats written under those paths (runtime/checkpoint.py).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 

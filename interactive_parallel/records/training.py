@@ -1,14 +1,29 @@
 """Records of training: a step and what the probes measured during it (memory, collectives,
-compute intervals), and where each slice of each weight lives.
+compute intervals), where each slice of each weight lives, and the text a call trains on.
 
 Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mechanism).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from .base import Record
+
+DataKind = Literal["text", "jsonl", "datasets"]
+"""How a training text is stored: one plain text file, a .jsonl with a `text` field per line,
+or a directory written by datasets' `save_to_disk`."""
+
+
+@dataclass(frozen=True)
+class DataSource(Record):
+    """The user's text a train or verify call reads, as the client checked it (the same on
+    every rank: each tokenizes it with the model's tokenizer and takes its own rows)."""
+
+    kind: ClassVar[str] = "data_source"
+    path: str
+    """Absolute path, read by every rank: ranks on several hosts need it on a path they all share."""
+    format: DataKind = "text"
 
 
 @dataclass

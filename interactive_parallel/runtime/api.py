@@ -18,9 +18,10 @@ import socket
 from typing import Any
 
 from ..plan import ModelSpec, Plan
-from ..records import (FaultSpec, GenerateOptions, Generation, GroupMember, HostMemory, LayoutInfo, NetworkFacts,
-                       QuantizeRecord, RankFacts, RankIdentity, RankInfo, Request, RestoreSource, SaveInfo,
-                       ScratchLayout, ServeOptions, ServeResult, ShardRecord, SnapshotInfo, StepRecord, VerifyReport)
+from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, GroupMember, HostMemory, LayoutInfo,
+                       NetworkFacts, QuantizeRecord, RankFacts, RankIdentity, RankInfo, Request, RestoreSource,
+                       SaveInfo, ScratchLayout, ServeOptions, ServeResult, ShardRecord, SnapshotInfo, StepRecord,
+                       VerifyReport)
 from . import state as _state
 from .state import Quantized
 
@@ -121,10 +122,13 @@ def doctor(engine_id: int) -> RankInfo:
 
 def checked_spec(spec: ModelSpec) -> ModelSpec:
     """`spec` checked by transformers (its config built, its model's forward run on the meta
-    device) and with its family facts derived (runtime.families); nothing on this rank changes."""
+    device), with its family facts derived (runtime.families) and its tokenizer one the model
+    can take (runtime.tokenizer.check: loaded, and kept, from a model directory that brings
+    one); nothing else on this rank changes."""
+    from . import tokenizer
     from .families import with_facts
 
-    return with_facts(spec)
+    return tokenizer.check(with_facts(spec))
 
 
 def load_model(spec: ModelSpec) -> str:
@@ -168,10 +172,12 @@ def update_training(plan: Plan) -> None:
         st.scaler = make_scaler(plan)
 
 
-def train(steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None) -> list[StepRecord]:
-    """Run up to `steps` optimizer steps; each StepRecord goes to runtime.channel as its step
-    ends. The ranks agree whether to stop at every boundary (one tiny collective, cast once a
-    step's gradients are ready and read at the next boundary), so all of them stop at the
+def train(steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None,
+          data: DataSource | None = None) -> list[StepRecord]:
+    """Run up to `steps` optimizer steps on `data`'s text (None: the synthetic task,
+    runtime.data); each StepRecord goes to runtime.channel as its step ends. The ranks agree
+    whether to stop at every boundary (one tiny collective, cast once a step's gradients are
+    ready and read at the next boundary), so all of them stop at the
     same boundary: a Stop asked before a step's gradients are ready ends the call after that
     step, one asked while it updates after the next. Every `snapshot_every` steps (0: never)
     the state is written under `scratch.snapshots` (runtime.checkpoint.snapshot, no
@@ -181,7 +187,19 @@ def train(steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = N
 
     st = _require_plan()
     _refuse_quantized(st, "train")
-    return loop.train(st, steps, snapshot_every, scratch)
+    return loop.train(st, steps, snapshot_every, scratch, data)
+
+
+def data_tokens(data: DataSource) -> int:
+    """How many tokens `data`'s text is under the loaded model's tokenizer (documents joined
+    by its end-of-sequence token), tokenized now and kept for training; no collective."""
+    from .data import token_ids
+    from .tokenizer import tokenizer_for
+
+    st = _state.get()
+    if st.spec is None:
+        raise RuntimeError(f"rank {st.rank}: no model loaded: call load_model first")
+    return int(token_ids(data, tokenizer_for(st.spec)).numel())
 
 
 def take_snapshot(scratch: ScratchLayout) -> SnapshotInfo:
@@ -311,16 +329,18 @@ def full_state_dict() -> dict[str, Any]:
     return _require_plan().parallel.full_state_dict()
 
 
-def verify(step: int | None = None, limit_bytes: int | None = None) -> VerifyReport:
-    """The applied plan vs a single-process reference on the same weights and batch, built on
-    rank 0 only (a collective); the same report on every rank. No optimizer step. When the
-    reference would need more than rank 0's machine has (or `limit_bytes`), the report says
-    so with the numbers (`note`) instead of trying."""
+def verify(step: int | None = None, limit_bytes: int | None = None, data: DataSource | None = None) -> VerifyReport:
+    """The applied plan vs a single-process reference on the same weights and batch (from
+    `data`'s text, None: the synthetic task), built on rank 0 only (a collective); the same
+    report on every rank. No optimizer step. When the reference would need more than rank 0's
+    machine has (or `limit_bytes`), the report says so with the numbers (`note`) instead of trying."""
+    from .data import reading
     from .verify import verify as _verify
 
     st = _require_plan()
     _refuse_quantized(st, "verify")
-    return _verify(st.parallel, st.step if step is None else step, limit_bytes=limit_bytes)
+    with reading(data):
+        return _verify(st.parallel, st.step if step is None else step, limit_bytes=limit_bytes)
 
 
 def save_checkpoint(path: str) -> SaveInfo:
@@ -330,6 +350,17 @@ def save_checkpoint(path: str) -> SaveInfo:
 
     st = _require_plan()
     return save(st.parallel, st.optimizer, path, st.step)
+
+
+def save_pretrained(path: str, max_shard_size: int) -> SaveInfo:
+    """Write the model as a transformers directory at `path` (runtime.hf_export; a collective):
+    config, generation config, safetensors weights in files of at most `max_shard_size` bytes
+    and the tokenizer; what it wrote. No rank gathers the model."""
+    from .hf_export import save_pretrained as _save_pretrained
+
+    st = _require_plan()
+    _refuse_quantized(st, "save_pretrained")
+    return _save_pretrained(st.parallel, path, int(max_shard_size), st.step)
 
 
 def checkpoint_problems(path: str) -> list[str]:

@@ -5,14 +5,15 @@ forward per new token that feeds only that token, the earlier ones living in tra
 cache (runtime.decode runs the forward under each layout and keeps the cache). Every rank
 runs the same number of steps (decoding stops early only when the ranks agree, through
 the caller's `on_step`) so that ranks whose forward is a collective stay in lockstep; text
-is cut at the end-of-sequence token afterwards. The vocabulary's padding rows (ids the
-tokenizer never makes) are never chosen. Sampling draws from a generator seeded the same on
-every rank, and every rank gets the same logits, so tensor- and pipeline-parallel ranks
-agree on each token. Knows nothing of layouts, streaming or records' transport.
+is cut at the end-of-sequence token afterwards. The text is the model's own tokenizer's
+(runtime.tokenizer.tokenizer_for: a model directory's, else the package's), and the
+vocabulary's padding rows (ids that tokenizer never makes) are never chosen. Sampling draws
+from a generator seeded the same on every rank, and every rank gets the same logits, so
+tensor- and pipeline-parallel ranks agree on each token. Knows nothing of layouts,
+streaming or records' transport.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -20,7 +21,7 @@ import torch
 from ..records import DecodeStep
 from .decode import cache_bytes, decoding, forward_last, measured, new_caches
 from .parallelized import Parallelized
-from .tokenizer import get_tokenizer
+from .tokenizer import get_tokenizer, one_per_character, text_added, tokenizer_for
 
 OnStep = Callable[[int, list[str], list[bool], DecodeStep], bool]
 
@@ -37,29 +38,23 @@ def pick(logits: torch.Tensor, *, do_sample: bool, temperature: float, top_k: in
     return torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)
 
 
-@lru_cache(maxsize=None)
-def piece(token: int) -> str:
-    """The text one token adds ('' for the specials). The package's tokenizer has a character
-    per token, so a token's text does not depend on its neighbours; a tokenizer.decode call
-    is a noticeable share of a small model's decoding step, hence the cache."""
-    return get_tokenizer().decode([token], skip_special_tokens=True)
-
-
-def suppress_padding(logits: torch.Tensor) -> torch.Tensor:
+def suppress_padding(logits: torch.Tensor, tok=None) -> torch.Tensor:
     """The embedding's padding rows (ids past the tokenizer's vocabulary) are never text."""
-    logits[:, len(get_tokenizer()):] = float("-inf")
+    logits[:, len(get_tokenizer() if tok is None else tok):] = float("-inf")
     return logits
 
 
-def encode(prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids and attention mask [b, s] of `prompts`."""
-    enc = get_tokenizer()(prompts, padding=True, return_tensors="pt", add_special_tokens=False)
+def encode(prompts: list[str], device, tok=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids and attention mask [b, s] of `prompts` (`tok`: default the package's),
+    with the special tokens the tokenizer itself adds (a beginning-of-sequence token, for many)."""
+    # Left, whatever side the tokenizer pads on: every row's next token follows its last column.
+    enc = (get_tokenizer() if tok is None else tok)(prompts, padding=True, padding_side="left", return_tensors="pt")
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
 def generate(par: Parallelized, prompts: list[str], max_new_tokens: int, **kw) -> list[str]:
     """Completions of `prompts`, cut at their end-of-sequence token (see generate_ids)."""
-    return decode_new(generate_ids(par, prompts, max_new_tokens, **kw)) if prompts else []
+    return decode_new(generate_ids(par, prompts, max_new_tokens, **kw), tokenizer_for(par.spec)) if prompts else []
 
 
 def generate_ids(par: Parallelized, prompts: list[str], max_new_tokens: int, *, do_sample: bool = False,
@@ -74,8 +69,8 @@ def generate_ids(par: Parallelized, prompts: list[str], max_new_tokens: int, *, 
 
 
 def _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, seed, rank, on_step) -> torch.Tensor:
-    tok = get_tokenizer()
-    ids, mask = encode(prompts, par.device)
+    tok = tokenizer_for(par.spec)
+    ids, mask = encode(prompts, par.device, tok)
     gen = torch.Generator(device=par.device).manual_seed(seed)
     caches = new_caches(par, len(prompts))
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -87,7 +82,7 @@ def _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, s
     try:
         for position in range(max_new_tokens):
             with measured(par, rank, position) as cost:
-                logits = suppress_padding(forward_last(par, step_ids, mask, positions, caches))
+                logits = suppress_padding(forward_last(par, step_ids, mask, positions, caches), tok)
                 nxt = pick(logits, do_sample=do_sample, temperature=temperature, top_k=top_k, generator=gen)
             live = int((~done).sum())
             new = torch.cat([new, nxt], 1)
@@ -96,7 +91,11 @@ def _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, s
             if on_step is None:
                 done |= nxt[:, 0] == tok.eos_token_id
                 continue
-            pieces = [piece(t) if not d else "" for t, d in zip(nxt[:, 0].tolist(), done.tolist())]
+            # A token's text may depend on the tokens before it, except under the package's tokenizer
+            rows = nxt.tolist() if one_per_character(tok) else new.tolist()
+            last = position == max_new_tokens - 1
+            pieces = [text_added(tok, row, final=last or row[-1] == tok.eos_token_id) if not d else ""
+                      for row, d in zip(rows, done.tolist())]
             done |= nxt[:, 0] == tok.eos_token_id
             record = DecodeStep(rank=rank, step=position, phase="decode" if position else "prefill",
                                 start=cost.start, time_s=cost.time_s, tokens=live, running=len(prompts),
@@ -110,9 +109,9 @@ def _generate_ids(par, prompts, max_new_tokens, do_sample, temperature, top_k, s
     return new
 
 
-def decode_new(new_ids: torch.Tensor) -> list[str]:
-    """Text of each row of generated ids, cut at its end-of-sequence token."""
-    tok = get_tokenizer()
+def decode_new(new_ids: torch.Tensor, tok=None) -> list[str]:
+    """Text of each row of generated ids, cut at its end-of-sequence token (`tok`: default the package's)."""
+    tok = get_tokenizer() if tok is None else tok
     out = []
     for row in new_ids.tolist():
         if tok.eos_token_id in row:

@@ -21,8 +21,8 @@ import time
 from typing import Any, Iterator
 
 from ..plan import MeshAxis
-from ..records import (GenerateOptions, Generation, Request, ScratchLayout, ServeOptions, ServeResult, StepRecord,
-                       TokenRecord)
+from ..records import (DataSource, GenerateOptions, Generation, Request, ScratchLayout, ServeOptions, ServeResult,
+                       StepRecord, TokenRecord)
 from . import channel, faults
 from . import dist as _dist
 
@@ -103,15 +103,17 @@ def long_call(device: Any = "cpu") -> Iterator[Boundary]:
             faults.disarm()
 
 
-def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None) -> list[StepRecord]:
-    """Up to `steps` optimizer steps of the layout in `st` (see runtime.api.train); the
-    records no channel took."""
+def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None,
+          data: DataSource | None = None) -> list[StepRecord]:
+    """Up to `steps` optimizer steps of the layout in `st` on `data`'s text (None: the
+    synthetic task; see runtime.api.train); the records no channel took."""
+    from .data import reading
     from .train import train_step
 
     if snapshot_every and scratch is None:
         raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
     par = st.parallel
-    with long_call(par.device) as boundary:
+    with long_call(par.device) as boundary, reading(data):
         for _ in range(steps):
             if boundary.cross():
                 break

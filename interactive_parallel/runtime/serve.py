@@ -36,6 +36,7 @@ from .generate import encode, pick, suppress_padding
 from .parallelized import Parallelized
 from .serve_records import add_token, close_records, new_record
 from .serve_transformers import serve_transformers
+from .tokenizer import tokenizer_for
 
 if TYPE_CHECKING:
     from .loop import Boundary
@@ -126,6 +127,7 @@ class Server:
         self.par, self.requests, self.rank, self.boundary = par, requests, rank, boundary
         self.policy, self.max_batch, self.kv_tokens = policy, max_batch, kv_tokens
         self.leader = leader
+        self.tok = tokenizer_for(par.spec)
         self.waiting = deque(sorted(mine, key=lambda i: (requests[i].arrival, i)))
         self.batch = Batch()
         self.records: dict[int, RequestRecord] = {}
@@ -202,16 +204,16 @@ class Server:
     def decode(self) -> list[tuple[Running, int]]:
         b = self.batch
         mask = torch.cat([b.mask, torch.ones_like(b.last)], 1)  # [b, width + 1]
-        logits = suppress_padding(forward_last(self.par, b.last, mask, b.positions[:, None], b.caches))
+        logits = suppress_padding(forward_last(self.par, b.last, mask, b.positions[:, None], b.caches), self.tok)
         nxt = self.choose(b.rows, logits)
         b.mask, b.positions, b.last = mask, b.positions + 1, nxt
         return list(zip(b.rows, nxt[:, 0].tolist()))
 
     def prefill(self, joining: list[int], now: float) -> list[tuple[Running, int]]:
-        ids, mask = encode([self.requests[i].prompt for i in joining], self.par.device)
+        ids, mask = encode([self.requests[i].prompt for i in joining], self.par.device, self.tok)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         caches = new_caches(self.par, len(joining), micro=1)
-        logits = suppress_padding(forward_last(self.par, ids, mask, positions, caches))
+        logits = suppress_padding(forward_last(self.par, ids, mask, positions, caches), self.tok)
         rows = [self.start(i, now) for i in joining]
         nxt = self.choose(rows, logits)
         self.batch.merge(Batch(rows=rows, caches=caches, mask=mask, positions=positions[:, -1] + 1, last=nxt))
@@ -241,7 +243,7 @@ class Server:
             rec, req = r.record, r.req
             if len(r.tokens) == 1:
                 rec.first_token = now
-            added = add_token(rec, req, token)
+            added = add_token(rec, req, r.tokens, self.tok)
             if rec.finish_reason:
                 rec.finished = now
                 done.add(r.index)

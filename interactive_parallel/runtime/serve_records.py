@@ -10,20 +10,20 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..records import Request, RequestRecord
-from .generate import piece
-from .tokenizer import get_tokenizer
+from .tokenizer import text_added
 
 
 def new_record(req: Request, rank: int, engine: str) -> RequestRecord:
     return RequestRecord(id=req.id, rank=rank, prompt=req.prompt, arrival=req.arrival, engine=engine)
 
 
-def add_token(rec: RequestRecord, req: Request, token: int) -> str:
-    """Fold one new token into the request's record (its text, count and, once it ends, why:
-    end of sequence, a stop string, which is kept and ends the text, or max_new_tokens); the
+def add_token(rec: RequestRecord, req: Request, ids: list[int], tok) -> str:
+    """Fold the request's newest token, the last of `ids` (its new tokens so far, under the
+    model's tokenizer `tok`), into its record (its text, count and, once it ends, why: end
+    of sequence, a stop string, which is kept and ends the text, or max_new_tokens); the
     text the token added."""
-    eos = get_tokenizer().eos_token_id
-    added = piece(token) if token != eos else ""
+    token, eos = ids[-1], tok.eos_token_id
+    added = text_added(tok, ids, final=token == eos or rec.tokens + 1 >= req.max_new_tokens)
     rec.text += added
     rec.tokens += 1
     hit = [(rec.text.find(s), s) for s in req.stop if s in rec.text]

@@ -26,7 +26,7 @@ from . import channel
 from .decode import measured
 from .parallelized import Parallelized
 from .serve_records import add_token, close_records, new_record
-from .tokenizer import get_tokenizer
+from .tokenizer import tokenizer_for
 
 if TYPE_CHECKING:
     from .loop import Boundary
@@ -39,7 +39,7 @@ POLL_S = 0.02
 def _configs(par: Parallelized, requests: list[Request], mine: list[int], max_batch: int, kv_tokens: int | None):
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
-    tok = get_tokenizer()
+    tok = tokenizer_for(par.spec)
     longest = max((len(requests[i].prompt) + requests[i].max_new_tokens for i in mine), default=PAGE)
     blocks = math.ceil(kv_tokens / PAGE) if kv_tokens else max_batch * math.ceil(longest / PAGE)
     from . import state
@@ -94,7 +94,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
                        boundary: "Boundary") -> tuple[list[RequestRecord], float]:
     """This replica's requests through transformers' engine, its records crossing the call's
     `boundary`; (its records if `leader`, seconds from the start until the last request finished)."""
-    tok = get_tokenizer()
+    tok = tokenizer_for(par.spec)
     model = par.raw
     if par.plan.tp > 1:
         model._device_mesh, model._tp_plan = par.mesh, dict(par.spec.family_info.tp_plan)
@@ -116,7 +116,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
             while pending and requests[pending[0]].arrival <= now:
                 req = requests[pending.popleft()]
                 records[req.id] = new_record(req, rank, "transformers")
-                manager.add_request(tok(req.prompt, add_special_tokens=False)["input_ids"], request_id=req.id,
+                manager.add_request(tok(req.prompt)["input_ids"], request_id=req.id,
                                     max_new_tokens=req.max_new_tokens, streaming=True, record_timestamps=True)
             out = manager.get_result(timeout=POLL_S)
             _drain(probe, boundary, fire=True)
@@ -128,7 +128,7 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
             if out.request_id not in open_ids:
                 continue  # a cancelled request's last words
             rec = records.setdefault(out.request_id, new_record(requests[by_id[out.request_id]], rank, "transformers"))
-            if _update(rec, out, requests[by_id[out.request_id]], t0, rank, by_id, leader and boundary):
+            if _update(rec, out, requests[by_id[out.request_id]], t0, rank, by_id, leader and boundary, tok):
                 open_ids.discard(out.request_id)
                 if rec.finish_reason == "stop":
                     manager.cancel_request(out.request_id)
@@ -154,9 +154,10 @@ def _drain(probe: _StepProbe, boundary: "Boundary", fire: bool = False) -> None:
 
 
 def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: dict,
-            streams: "Boundary | None") -> bool:
+            streams: "Boundary | None", tok) -> bool:
     """Fold one streamed output into the request's record; True when the request is finished.
-    `streams`: the boundary its tokens cross as they come (None: not this rank's to stream)."""
+    `streams`: the boundary its tokens cross as they come (None: not this rank's to stream);
+    `tok`: the model's tokenizer."""
     tokens = list(out.generated_tokens)
     new = tokens[rec.tokens:]
     if out.lifespan[0] > 0 and rec.admitted < 0:
@@ -164,8 +165,8 @@ def _update(rec: RequestRecord, out, req: Request, t0: float, rank: int, by_id: 
     if out.timestamps and rec.first_token < 0:
         rec.first_token = out.timestamps[0] - t0
     finished = False
-    for t in new:
-        added = add_token(rec, req, t)
+    for _ in new:
+        added = add_token(rec, req, tokens[:rec.tokens + 1], tok)
         finished = bool(rec.finish_reason)
         if finished:
             stamp = out.timestamps[rec.tokens - 1] if out.timestamps and len(out.timestamps) >= rec.tokens else \

@@ -143,9 +143,14 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
 
 
 def local_batch(par: Parallelized, step: int) -> torch.Tensor:
+    """This rank's rows of the batch of `step`, in the model's tokenizer's ids, from the text the
+    running call reads (runtime.data.reading; none: the synthetic task)."""
+    from .data import current_source
+    from .tokenizer import tokenizer_for
+
     plan = par.plan
-    return make_local_batch(plan.seed, step, plan.batch_size, plan.seq_len, par.data_index,
-                            par.data_count).to(par.device)
+    return make_local_batch(plan.seed, step, plan.batch_size, plan.seq_len, par.data_index, par.data_count,
+                            tok=tokenizer_for(par.spec), source=current_source()).to(par.device)
 
 
 def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: int = 0,

@@ -5,9 +5,10 @@ Owns the controls that call `session.train_async(on_step=...)` and
 given, so the kernel keeps serving cells and the Stop button), `session.verify`,
 `session.save` / `session.load`, `session.export_script` and `session.run`, and what their
 results show while they stream and when they end. It shows the runner's progress, status and
-Stop, and the shared prompts and sampling controls beside Generate; the training knobs come
-from the plan getter it is given. Knows nothing of how ranks train or generate, of the other
-sections, nor of figures: a completed step or a loaded checkpoint is an event the panel routes.
+Stop, the path of the text to train on, and the shared prompts and sampling controls beside
+Generate; the training knobs come from the plan getter it is given. Knows nothing of how
+ranks train or generate, of the other sections, nor of figures: a completed step or a
+loaded checkpoint is an event the panel routes.
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ class RunSection:
         self.prompts, self.do_sample = sampling.prompts, sampling.do_sample
         self.temperature, self.top_k = sampling.temperature, sampling.top_k
         self.steps = number(W.IntText, 10, "steps", "ip-train-steps", "130px")
+        self.data = _text("", "data", "ip-train-data", "260px")
+        self.data.placeholder = "text, .jsonl or datasets dir (empty: as before)"
         self.train = button("Train", "ip-train-button", style="primary", tooltip="session.train(steps, on_step=...)")
         self.max_tokens = number(W.IntText, 16, "max tokens", "ip-max-tokens", "130px")
         self.generate = button("Generate", "ip-generate-button", tooltip="session.generate(prompts, on_token=...)")
@@ -70,7 +73,7 @@ class RunSection:
         self.run_out = css(W.HTML(), "ip-run-output")
         self._requested = 0
         self._stream: dict[str, list] = {"prompts": [], "texts": [], "done": []}
-        actions.register(self.train, self.generate, self.steps, self.max_tokens)
+        actions.register(self.train, self.generate, self.steps, self.data, self.max_tokens)
         self.train.on_click(lambda _b: self.start_training())
         self.generate.on_click(lambda _b: self.start_generating())
         actions.on_click(self.verify, "verify", self._verify)
@@ -79,7 +82,7 @@ class RunSection:
         actions.on_click(self.export, "export_script", self._export)
         self.widget = css(W.VBox([
             W.HTML("<b>Run</b>"),
-            row(self.steps, self.train, self.progress, self.interrupt),
+            row(self.steps, self.data, self.train, self.progress, self.interrupt),
             self.status,
             self.prompts,
             row(self.max_tokens, self.do_sample, self.temperature, self.top_k, self.generate),
@@ -92,11 +95,14 @@ class RunSection:
 
     # ---- training ----------------------------------------------------------------------------------
     def start_training(self) -> Job | None:
-        """`session.train_async(steps, on_step=..., **picked training knobs)` without blocking."""
+        """`session.train_async(steps, on_step=..., data=..., **picked training knobs)` without
+        blocking; an empty data field passes none (the session keeps the text it has)."""
         self._requested = steps = self.steps.value
+        data = {"data": self.data.value.strip()} if self.data.value.strip() else {}
 
         def make(session: Any) -> Coroutine:
-            return session.train_async(steps, on_step=self._on_step, **knobs(self.plan(), session.train_async))
+            return session.train_async(steps, on_step=self._on_step, **data,
+                                       **knobs(self.plan(), session.train_async))
 
         return self.jobs.start(JobKind.TRAIN, make, steps, self._trained, f"training {steps} steps ...")
 
@@ -168,5 +174,5 @@ class RunSection:
 
     def sync(self, alive: bool, busy: bool) -> None:
         for w in (self.train, self.generate, self.verify, self.save, self.load, self.export, self.steps,
-                  self.max_tokens):
+                  self.data, self.max_tokens):
             w.disabled = not alive or busy
