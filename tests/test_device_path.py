@@ -53,7 +53,7 @@ def test_fp16_under_a_pipeline_matches_one_process():
     fields = dict(pp=2, microbatches=2, precision="fp16", **SMALL)
     par = run_ranks(W.train_losses, 2, "tiny-llama", fields, 3)[0]
     ref = W.train_losses(0, "tiny-llama", dict(precision="fp16", **SMALL), 3)
-    assert par["scaler"] == "ShardedGradScaler" and ref["scaler"] == "GradScaler"
+    assert par["scaler"] == "DTensorGradScaler" and ref["scaler"] == "GradScaler"  # runtime/scaler.py: torch's ShardedGradScaler, DTensor-aware
     assert par["scale"] == ref["scale"]  # the same steps were skipped (or none) on both
     tol = TOLERANCE["fp16"]["loss"]
     assert max(abs(a - b) for a, b in zip(par["losses"], ref["losses"])) <= tol, (par["losses"], ref["losses"])

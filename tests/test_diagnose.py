@@ -39,6 +39,16 @@ def test_the_rank_still_running_after_its_peers_timed_out_is_named_hung():
     assert found.patience == 0.0  # replaced at once: nobody waits for a hung rank
 
 
+def test_a_lost_peer_whose_process_lives_is_one_that_gave_up_and_the_hung_rank_is_named():
+    """fsdp4 with rank 2 hung: rank 1 times out first and gloo closes its pairs, so rank 0, still
+    waiting, sees "Connection closed by peer" before its own timeout; nobody died."""
+    exc = err(0, evalue=RESET, stuck=[1, 2, 3])
+    assert diagnose.wait_for_hung(exc, dead=[]) and not diagnose.wait_for_hung(exc, dead=[3])
+    found = explain(exc, ev(hung=[2], finished={1: f"RuntimeError: {TIMEOUT[:40]}",
+                                                3: f"RuntimeError: {RESET[:40]}"}))
+    assert (found.error.rank, found.error.ename) == (2, "RankHung") and found.patience == 0.0
+
+
 def test_when_all_timed_out_together_the_rank_that_skipped_a_collective_is_named():
     skip = FaultSpec(rank=3, fault="skip_collective", time=1.0, detail="at step 1")
     found = explain(err(1, evalue=TIMEOUT, others={0: "RuntimeError: timed out", 3: "RuntimeError: timed out"}),

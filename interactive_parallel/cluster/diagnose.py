@@ -49,6 +49,13 @@ def timed_out(exc: RankError) -> bool:
     return exc.ename == "RankHung" or any(TIMED_OUT.search(x) for x in said(exc))
 
 
+def gave_up(exc: RankError, dead: list[int]) -> bool:
+    """Some rank gave up waiting in a collective: it timed out, or it lost a peer whose process
+    is alive (gloo closes a timed-out rank's pairs, so a peer still waiting sees its connection
+    close a moment before its own timeout would have fired)."""
+    return timed_out(exc) or (not dead and lost_peer(exc))
+
+
 def group_broken(exc: RankError, left_running: bool) -> bool:
     """The process group is no use after this failure: a rank was left running in it, or one
     gave up on a collective or lost a peer (gloo closes its pairs after a timeout, so even
@@ -59,7 +66,7 @@ def group_broken(exc: RankError, left_running: bool) -> bool:
 def wait_for_hung(exc: RankError, dead: list[int]) -> bool:
     """Worth waiting (up to STUCK_MARGIN_S) for the other blocked peers to time out too, so the
     rank still running after them can be named hung."""
-    return not dead and timed_out(exc) and bool(exc.stuck) and exc.ename != "RankHung"
+    return not dead and gave_up(exc, dead) and bool(exc.stuck) and exc.ename != "RankHung"
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,7 @@ def explain(exc: RankError, ev: Evidence) -> Diagnosis:
     patience = ev.collective_timeout + STUCK_MARGIN_S
     if ev.controller_gone:
         return Diagnosis(_controller_died(exc, ev), 0.0)
-    waited_out = timed_out(exc)
+    waited_out = gave_up(exc, ev.dead)
     if ev.dead and exc.rank not in ev.dead:
         exc = _engine_died(exc, ev)
     elif not ev.dead and waited_out and ev.hung:
