@@ -49,10 +49,26 @@ def test_prompts_too_long_for_the_model_are_refused_with_the_numbers():
 
 
 def test_requests_come_from_strings_dicts_or_requests():
-    reqs = checks.check_requests(["ab", {"id": "q", "prompt": "cd"}, Request(id="r", prompt="ef")], SPEC, 8, None)
+    reqs = checks.as_requests(["ab", {"id": "q", "prompt": "cd"}, Request(id="r", prompt="ef")])
+    assert checks.check_requests(reqs, SPEC, 8, None) == reqs
     assert [r.id for r in reqs] == ["0", "q", "r"] and all(isinstance(r, Request) for r in reqs)
     with pytest.raises(TypeError, match="request 0 is a int"):
-        checks.check_requests([3], SPEC, 8, None)
+        checks.as_requests([3])
+
+
+def test_prompt_lengths_are_the_tokenizers_when_it_counts_them():
+    """A model's own tokenizer may give a prompt more tokens than characters (byte-level BPE on
+    non-ASCII text): the checks take its counts, from rank 0, over one per character."""
+    long = SPEC.max_positions
+    checks.check_prompts(["ab"], 4, 1.0, 0, SPEC)
+    with pytest.raises(ValueError, match=rf"longest prompt\({long}\) \+ max_new_tokens\(4\) > "):
+        checks.check_prompts(["ab"], 4, 1.0, 0, SPEC, lengths=[long])
+    reqs = checks.as_requests(["ab"])
+    with pytest.raises(ValueError, match=rf"prompt\({long}\) \+ max_new_tokens"):
+        checks.check_requests(reqs, SPEC, 8, None, lengths=[long])
+    with pytest.raises(ValueError, match=r"prompt\(9\) \+ max_new_tokens\(16\) = 25 > kv_tokens\(16\)"):
+        checks.check_requests(reqs, SPEC, 8, 16, lengths=[9])
+    assert checks.prompt_strings(["a", "b"]) and not checks.prompt_strings(["a", 3]) and not checks.prompt_strings([])
 
 
 def test_a_fault_names_every_bad_field():

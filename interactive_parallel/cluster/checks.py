@@ -158,7 +158,14 @@ def check_data_length(source: DataSource, tokens: int, batch_size: int, seq_len:
                         f"batch_size({batch_size}) x (seq_len({seq_len}) + 1) = {need}")
 
 
-def check_prompts(prompts: list, max_new_tokens: Any, temperature: float, top_k: int, spec: ModelSpec) -> None:
+def prompt_strings(prompts: Sequence[Any]) -> bool:
+    """Every prompt is a non-empty string (what a tokenizer may be asked to count)."""
+    return bool(prompts) and all(isinstance(p, str) and p for p in prompts)
+
+
+def check_prompts(prompts: list, max_new_tokens: Any, temperature: float, top_k: int, spec: ModelSpec,
+                  lengths: Sequence[int] | None = None) -> None:
+    """`lengths`: each prompt's tokens under the model's tokenizer (None: the package's, one per character)."""
     problems = []
     if not prompts:
         problems.append("no prompts given")
@@ -167,7 +174,7 @@ def check_prompts(prompts: list, max_new_tokens: Any, temperature: float, top_k:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         problems.append(f"max_new_tokens({max_new_tokens}) must be >= 1")
     elif prompts and all(isinstance(p, str) for p in prompts):
-        longest = max(len(p) for p in prompts)  # one token per character
+        longest = max(lengths) if lengths is not None else max(len(p) for p in prompts)
         if longest + max_new_tokens > spec.max_positions:
             problems.append(f"longest prompt({longest}) + max_new_tokens({max_new_tokens}) > "
                             f"{spec.name} max positions({spec.max_positions})")
@@ -191,9 +198,8 @@ def refuse_quantized(scheme: str | None, what: str) -> None:
                            "weights; call dequantize() (or apply a plan, or load a checkpoint) first")
 
 
-def check_requests(requests: Any, spec: ModelSpec, max_batch: int, kv_tokens: int | None) -> list[Request]:
-    """Request objects (from Requests, dicts, or bare prompt strings), or ValueError listing
-    every problem."""
+def as_requests(requests: Any) -> list[Request]:
+    """Request objects from Requests, dicts, or bare prompt strings (TypeError for anything else)."""
     items = [requests] if isinstance(requests, (str, Request, dict)) else list(requests)
     reqs = []
     for i, r in enumerate(items):
@@ -204,7 +210,13 @@ def check_requests(requests: Any, spec: ModelSpec, max_batch: int, kv_tokens: in
         elif not isinstance(r, Request):
             raise TypeError(f"request {i} is a {type(r).__name__}: give Request objects, dicts or prompts")
         reqs.append(dataclasses.replace(r, stop=list(r.stop)))
-    problems = request_problems(reqs, spec, max_batch=max_batch, kv_tokens=kv_tokens)
+    return reqs
+
+
+def check_requests(reqs: list[Request], spec: ModelSpec, max_batch: int, kv_tokens: int | None,
+                   lengths: Sequence[int] | None = None) -> list[Request]:
+    """`reqs` (as_requests), or ValueError listing every problem; `lengths` as for check_prompts."""
+    problems = request_problems(reqs, spec, max_batch=max_batch, kv_tokens=kv_tokens, lengths=lengths)
     if problems:
         raise ValueError("bad requests:\n  - " + "\n  - ".join(problems))
     return reqs

@@ -24,6 +24,7 @@ from ..plan.inference import serving_engine
 from ..records import (DataSource, DecodeStep, GenerateOptions, RecordList, RequestRecord, ServeOptions,
                        ServeResult, StepRecord, TokenRecord, VerifyReport)
 from ..runtime import api
+from ..runtime.tokenizer import tokenizer_dir
 from . import checkpoints, checks
 from .errors import RankError, SessionError
 from .rankset import RankSet
@@ -204,7 +205,9 @@ class ModelOps:
     async def generate(self, prompts: str | Sequence[str], max_new_tokens: int, options: GenerateOptions,
                        on_token: Callable[[TokenRecord], None] | None = None) -> list[str]:
         prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-        checks.check_prompts(prompts, max_new_tokens, options.temperature, options.top_k, self.require_model())
+        lengths = await self._prompt_lengths(prompts)
+        checks.check_prompts(prompts, max_new_tokens, options.temperature, options.top_k, self.require_model(),
+                             lengths)
         self.stop.clear()
         if self.plan is None:
             await self.apply(self.default_plan())
@@ -222,11 +225,23 @@ class ModelOps:
         self.telemetry.keep_decoding(stream.steps)
         return [merged.get(i, "") for i in range(len(prompts))]
 
+    async def _prompt_lengths(self, prompts: list) -> list[int] | None:
+        """Each prompt's tokens under the model's own tokenizer, counted on rank 0 (this client
+        loads no tokenizer); None for the package's (one token per character) or prompts that
+        are not all strings (the checks name those)."""
+        spec = self.require_model()
+        if tokenizer_dir(spec) is None or not checks.prompt_strings(prompts):
+            return None
+        await self.ranks.require()
+        return (await self.ranks.call(api.prompt_lengths, (prompts,), ranks=[0], what="prompt check"))[0]
+
     async def serve(self, requests: Any, options: ServeOptions, on_token: Callable[[TokenRecord], None] | None = None,
                     on_request: Callable[[RequestRecord], None] | None = None,
                     on_step: Callable[[DecodeStep], None] | None = None) -> ServeResult:
         """`options.engine` may be 'auto' here: the client chooses (plan/inference.serving_engine)."""
-        reqs = checks.check_requests(requests, self.require_model(), options.max_batch, options.kv_tokens)
+        reqs = checks.as_requests(requests)
+        lengths = await self._prompt_lengths([r.prompt for r in reqs])
+        checks.check_requests(reqs, self.require_model(), options.max_batch, options.kv_tokens, lengths)
         plan = self.plan or self.default_plan()
         chosen, why = serving_engine(plan, self.spec, reqs, options.engine, options.policy)
         options = replace(options, engine=chosen, reason=why)

@@ -94,8 +94,10 @@ def quantization_problems(plan: Plan, scheme: str, spec: ModelSpec) -> list[str]
 
 
 def request_problems(requests: Sequence[Any], spec: ModelSpec, *, max_batch: int = 8,
-                     kv_tokens: int | None = None) -> list[str]:
-    """Every problem with a serving call's requests and limits, each naming its numbers."""
+                     kv_tokens: int | None = None, lengths: Sequence[int] | None = None) -> list[str]:
+    """Every problem with a serving call's requests and limits, each naming its numbers.
+    `lengths`: each prompt's tokens under the model's tokenizer (None: the package's, one per
+    character)."""
     problems: list[str] = []
     if not requests:
         return ["no requests given"]
@@ -111,23 +113,24 @@ def request_problems(requests: Sequence[Any], spec: ModelSpec, *, max_batch: int
             problems.append(f"duplicate request id {rid!r} (requests {seen[rid]} and {i})")
         else:
             seen[rid] = i
-        problems += [f"{name}: {p}" for p in _one_request_problems(r, spec)]
-        need = len(r.prompt) + r.max_new_tokens if isinstance(r.prompt, str) and isinstance(r.max_new_tokens, int) \
-            else 0
+        n = lengths[i] if lengths is not None else len(r.prompt) if isinstance(r.prompt, str) else 0
+        problems += [f"{name}: {p}" for p in _one_request_problems(r, spec, n)]
+        need = n + r.max_new_tokens if isinstance(r.prompt, str) and isinstance(r.max_new_tokens, int) else 0
         if kv_tokens is not None and need > kv_tokens:
-            problems.append(f"{name}: prompt({len(r.prompt)}) + max_new_tokens({r.max_new_tokens}) = {need} > "
+            problems.append(f"{name}: prompt({n}) + max_new_tokens({r.max_new_tokens}) = {need} > "
                             f"kv_tokens({kv_tokens}): it could never be admitted")
     return problems
 
 
-def _one_request_problems(r: Any, spec: ModelSpec) -> list[str]:
+def _one_request_problems(r: Any, spec: ModelSpec, n: int) -> list[str]:
+    """`n`: the prompt's tokens."""
     out = []
     if not isinstance(r.prompt, str) or not r.prompt:
         out.append("prompt must be a non-empty string")
     if not isinstance(r.max_new_tokens, int) or isinstance(r.max_new_tokens, bool) or r.max_new_tokens < 1:
         out.append(f"max_new_tokens({r.max_new_tokens}) must be >= 1")
-    elif isinstance(r.prompt, str) and len(r.prompt) + r.max_new_tokens > spec.max_positions:
-        out.append(f"prompt({len(r.prompt)}) + max_new_tokens({r.max_new_tokens}) > "
+    elif isinstance(r.prompt, str) and n + r.max_new_tokens > spec.max_positions:
+        out.append(f"prompt({n}) + max_new_tokens({r.max_new_tokens}) > "
                    f"{spec.name} max positions({spec.max_positions})")
     if not isinstance(r.arrival, (int, float)) or r.arrival < 0:
         out.append(f"arrival({r.arrival}) must be >= 0 seconds")

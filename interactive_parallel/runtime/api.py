@@ -131,6 +131,15 @@ def checked_spec(spec: ModelSpec) -> ModelSpec:
     return tokenizer.check(with_facts(spec))
 
 
+def prompt_lengths(prompts: list[str]) -> list[int]:
+    """Tokens each prompt encodes to under the loaded model's tokenizer, special tokens included
+    as generation adds them; nothing on this rank changes."""
+    from .tokenizer import tokenizer_for
+
+    tok = tokenizer_for(_state.get().spec)
+    return [len(ids) for ids in tok(list(prompts))["input_ids"]]
+
+
 def load_model(spec: ModelSpec) -> str:
     st = _state.get()
     st.quantized = None  # the old model's weights go with it
