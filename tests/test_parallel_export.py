@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from interactive_parallel.plan import PRESETS, Plan
+from interactive_parallel.plan.models import spec_from_config_dict
 from interactive_parallel.runtime.export import script_text
 import parity_workers as W
 
@@ -29,6 +30,23 @@ def test_script_text_is_python_naming_the_plan():
     text = script_text(PRESETS["tiny-llama"], PLAN, 2)
     compile(text, "exported.py", "exec")
     assert "torchrun --nproc_per_node 4" in text and "ipyparallel" not in text.replace("(no ipyparallel)", "")
+
+
+def test_a_derived_familys_script_derives_again_and_reads_the_sessions_text(tmp_path):
+    """The facts are not written out (the script's parallelize derives them from the config), and
+    the text the session trained on is the script's too."""
+    from interactive_parallel.records import DataSource
+    from interactive_parallel.runtime.families import with_facts
+    from test_any_model import BASE
+
+    spec = with_facts(spec_from_config_dict(dict(BASE, model_type="qwen3"), name="tiny-qwen3"))
+    text = script_text(spec, PLAN, 2, data=DataSource(path=str(tmp_path / "notes.txt")))
+    compile(text, "exported.py", "exec")
+    assert "'facts': None" in text and f"DataSource(path={str(tmp_path / 'notes.txt')!r}, format='text')" in text
+    namespace: dict = {}
+    exec(compile(text.split("def main()")[0], "exported.py", "exec"), namespace)  # the constants it runs with
+    assert namespace["SPEC"].needs_facts and namespace["SPEC"].config == spec.config
+    assert namespace["DATA"].path == str(tmp_path / "notes.txt")
 
 
 def test_script_text_refuses_zero_steps():

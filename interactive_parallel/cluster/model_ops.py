@@ -362,9 +362,9 @@ class ModelOps:
             per_host[place.host] = per_host.get(place.host, 0) + 1
         path = os.path.abspath(path)
         state = os.path.splitext(path)[0] + "_state"
+        # script_text refuses bad steps before the ranks save
         text = script_text(self.spec, plan, steps, timeout_s=self.ranks.collective_timeout,
-                           per_host=list(per_host.values()),
-                           state_dir=os.path.basename(state))  # refuses bad steps before the ranks save
+                           per_host=list(per_host.values()), state_dir=os.path.basename(state), data=self.data)
         await self.save(state)
         with open(path, "w") as f:
             f.write(text)

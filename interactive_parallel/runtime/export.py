@@ -4,9 +4,11 @@ Owns the text of that script: it starts like every non-engine rank (runtime.laun
 rebuilds the same model (spec), layout (plan) and training knobs from
 interactive_parallel.runtime, with no ipyparallel and no notebook, resumes the weights,
 optimizer state and step the session saved beside it (a torch.distributed.checkpoint
-directory; without one it starts from the seed), and prints the loss of each step, so a
-run set up and trained interactively continues (or scales out) from a shell. Knows
-nothing of the session that asks for it.
+directory; without one it starts from the seed), reads the text the session trained on
+(its DataSource; the synthetic task without one), and prints the loss of each step, so a
+run set up and trained interactively continues (or scales out) from a shell. A derived
+family's facts are not written out: the script derives them again from the config
+(runtime.parallelize does). Knows nothing of the session that asks for it.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import dataclasses
 import pprint
 
 from ..plan import ModelSpec, Plan
+from ..records import DataSource
 
 _TEMPLATE = '''"""{title}
 
@@ -26,7 +29,9 @@ loss of each step (the mean over the ranks that see it).
 import os
 
 from interactive_parallel.plan import ModelSpec, Plan, check
+from interactive_parallel.records import DataSource
 from interactive_parallel.runtime.checkpoint import load
+from interactive_parallel.runtime.data import reading
 from interactive_parallel.runtime.launch import Launch, finish
 from interactive_parallel.runtime.parallelize import parallelize
 from interactive_parallel.runtime.train import make_optimizer, make_scaler, train_step
@@ -37,6 +42,7 @@ PLAN = Plan(**{plan})
 STEPS = {steps}
 TIMEOUT_S = {timeout}
 STATE_DIR = {state_dir!r}  # the session's state at export, beside this file (None: start from the seed)
+DATA = {data}  # the text the session trained on (None: the synthetic task)
 
 
 def main() -> None:
@@ -47,11 +53,12 @@ def main() -> None:
     par = parallelize(SPEC, PLAN, device=device, fill="none" if state else "seed")
     optimizer, scaler = make_optimizer(par), make_scaler(PLAN)
     first = load(par, optimizer, state).step if state else 0
-    for step in range(first, first + STEPS):
-        rec = train_step(par, optimizer, step, scaler=scaler, rank=launch.rank)
-        loss = global_loss(par, rec.loss)
-        if launch.rank == 0:
-            print(f"step {{step}} loss {{loss:.6f}} time_s {{rec.time_s:.3f}}", flush=True)
+    with reading(DATA):
+        for step in range(first, first + STEPS):
+            rec = train_step(par, optimizer, step, scaler=scaler, rank=launch.rank)
+            loss = global_loss(par, rec.loss)
+            if launch.rank == 0:
+                print(f"step {{step}} loss {{loss:.6f}} time_s {{rec.time_s:.3f}}", flush=True)
     finish()
 
 
@@ -71,14 +78,17 @@ def run_line(world: int, per_host: list[int] | None = None) -> str:
 
 
 def script_text(spec: ModelSpec, plan: Plan, steps: int, *, timeout_s: float = 120.0,
-                per_host: list[int] | None = None, state_dir: str | None = None) -> str:
+                per_host: list[int] | None = None, state_dir: str | None = None,
+                data: DataSource | None = None) -> str:
     """Python source of a torchrun script training `steps` steps (`per_host`: ranks on each host,
     when the session spans hosts), resuming from the checkpoint directory `state_dir` (relative
-    to the script) when given."""
+    to the script) when given, reading `data`'s text (None: the synthetic task)."""
     if steps < 1:
         raise ValueError(f"steps({steps}) must be >= 1")
-    spec_dict = pprint.pformat(dataclasses.asdict(spec), indent=4, width=100, sort_dicts=False)
+    spec_dict = pprint.pformat(dataclasses.asdict(dataclasses.replace(spec, facts=None)), indent=4, width=100,
+                               sort_dicts=False)
+    source = "None" if data is None else f"DataSource(path={data.path!r}, format={data.format!r})"
     plan_dict = pprint.pformat(plan.to_dict(), indent=4, width=100, sort_dicts=False)
     return _TEMPLATE.format(title=f"{spec.name} under {plan.describe()}: {steps} training steps",
                             run=run_line(plan.world_size, per_host), spec=spec_dict, plan=plan_dict, steps=int(steps),
-                            timeout=float(timeout_s), state_dir=state_dir)
+                            timeout=float(timeout_s), state_dir=state_dir, data=source)
