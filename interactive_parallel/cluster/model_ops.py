@@ -103,7 +103,6 @@ class ModelOps:
     # ---- laying out -----------------------------------------------------------------------------
     async def load_model(self, model: Any) -> ModelSpec:
         spec = resolve_model(model)  # unknown names fail here, before any rank is touched
-        await self.ranks.require()
         spec = await self._checked(spec)
         if self.plan is not None:
             check(self.plan, self.ranks.world_size, spec)
@@ -117,17 +116,25 @@ class ModelOps:
             self.state.restored = (await self.ranks.call(api.apply_plan, (self.plan,), what="apply"))[0]
         return spec
 
-    async def _checked(self, spec: ModelSpec) -> ModelSpec:
-        """`spec` checked by transformers and with its family facts, on rank 0, which changes
-        nothing there (runtime.families needs torch, which this client does not load): a config
-        transformers refuses is refused before the ranks' model is touched, and the model and
-        plan they have stay."""
+    async def _ask(self, fn: Callable, args: tuple, what: str,
+                   refusals: dict[str, Callable[[str], Exception]] | None = None) -> Any:
+        """fn(*args) on rank 0, a question that changes nothing there, asked before an action
+        because the answer needs torch or the model's tokenizer (which this client does not
+        load); a refusal it raises (`refusals`: the rank's exception name -> the client's
+        exception from its message) comes back as this client's own error, not a RankError."""
+        await self.ranks.require()
         try:
-            return (await self.ranks.call(api.checked_spec, (spec,), ranks=[0], what="load_model"))[0]
+            return (await self.ranks.call(fn, args, ranks=[0], what=what))[0]
         except RankError as exc:
-            if exc.ename == "UnknownModelError":
-                raise UnknownModelError(exc.evalue) from None
-            raise
+            make = (refusals or {}).get(exc.ename)
+            if make is None:
+                raise
+            raise make(exc.evalue) from None
+
+    async def _checked(self, spec: ModelSpec) -> ModelSpec:
+        """`spec` checked by transformers and with its family facts: a config transformers refuses
+        is refused before the ranks' model is touched, and the model and plan they have stay."""
+        return await self._ask(api.checked_spec, (spec,), "load_model", {"UnknownModelError": UnknownModelError})
 
     async def apply(self, plan: Plan, keep_quantization: bool = False) -> Plan:
         self.check_plan(plan)
@@ -165,13 +172,11 @@ class ModelOps:
         base = self.plan or self.default_plan()
         plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
         if source is not None:  # the tokens need the model's tokenizer: rank 0 counts (and keeps) them
-            await self.ranks.require()
-            try:
-                tokens = (await self.ranks.call(api.data_tokens, (source,), ranks=[0], what="train"))[0]
-            except RankError as exc:
-                if exc.ename in ("ValueError", "UnicodeDecodeError", "JSONDecodeError"):  # the text as rank 0 read it
-                    raise checks.DataError(f"data {source.path!r} on rank 0: {exc.evalue}") from None
-                raise
+            def unreadable(message: str) -> Exception:  # the text as rank 0 read it
+                return checks.DataError(f"data {source.path!r} on rank 0: {message}")
+
+            tokens = await self._ask(api.data_tokens, (source,), "train",
+                                     dict.fromkeys(("ValueError", "UnicodeDecodeError", "JSONDecodeError"), unreadable))
             checks.check_data_length(source, tokens, plan.batch_size, plan.seq_len, spec.name)
         self.data = source
         if self.plan is None:
@@ -232,8 +237,7 @@ class ModelOps:
         spec = self.require_model()
         if tokenizer_dir(spec) is None or not checks.prompt_strings(prompts):
             return None
-        await self.ranks.require()
-        return (await self.ranks.call(api.prompt_lengths, (prompts,), ranks=[0], what="prompt check"))[0]
+        return await self._ask(api.prompt_lengths, (prompts,), "prompt check")
 
     async def serve(self, requests: Any, options: ServeOptions, on_token: Callable[[TokenRecord], None] | None = None,
                     on_request: Callable[[RequestRecord], None] | None = None,

@@ -52,19 +52,23 @@ def resolved(model: Any) -> ModelSpec:
 def with_facts(spec: ModelSpec) -> ModelSpec:
     """`spec` with its family facts, derived when FAMILIES does not hold them; its config first
     built by transformers whatever the family, so one transformers refuses is refused here."""
-    out = dataclasses.replace(spec, facts=derive(spec)) if spec.needs_facts else spec
+    if spec.needs_facts:
+        return dataclasses.replace(spec, facts=derive(spec))  # the derivation checks the shapes too
     _shapes_checked(json.dumps(spec.config, sort_keys=True, default=str), spec.name)
-    return out
+    return spec
 
 
 @functools.lru_cache(maxsize=32)
 def _shapes_checked(config_json: str, name: str) -> None:
-    """The config built by transformers, and a forward of the model built from it run on the
-    meta device: every shape checked, nothing computed (a kv-head count that does not divide
-    the heads fails here, not in a rank's first step)."""
+    """A hand-written family's config built by transformers and its shapes checked (_forward_on_meta)."""
+    _forward_on_meta(_meta_model(json.loads(config_json), name), name)
+
+
+def _forward_on_meta(model, name: str) -> None:
+    """A forward of `model` run on the meta device: every shape checked, nothing computed (a
+    kv-head count that does not divide the heads fails here, not in a rank's first step)."""
     import torch
 
-    model = _meta_model(json.loads(config_json), name)
     try:
         with torch.device("meta"), torch.no_grad():
             model(torch.zeros(1, 8, dtype=torch.long))
@@ -148,6 +152,33 @@ def derive_unchecked(config: dict, name: str) -> FamilyInfo:
     if len(rotary) > 1:
         raise UnknownModelError(f"{name}: several rotary tables {rotary}; one is laid out")
     block = base.get_submodule(layers_key)[0]
+    parts = _block_facts(block, name)
+    styles = _tp_styles(tp_plan, layers_key, block, name)
+    _forward_on_meta(model, name)
+    return FamilyInfo(
+        model_types=(model_type,),
+        layers_path=f"{prefix}.{layers_key}",
+        embedding_path=f"{prefix}.{before[0]}",
+        embedding_dropout_path=f"{prefix}.{before[1]}" if len(before) > 1 else None,
+        rotary_path=f"{prefix}.{rotary[0]}" if rotary else None,
+        final_norm_path=f"{prefix}.{after[0]}",
+        lm_head_path=lm_head,
+        **parts,
+        tp_plan={f"{prefix}.{layers_key}.*.{rel}": style for rel, style in styles.items()},
+        tied_by_default=bool(getattr(cfg, "tie_word_embeddings", False)),
+        logit_softcap="final_logit_softcapping" if getattr(cfg, "final_logit_softcapping", None) else "",
+        logit_divisor="logits_scaling" if getattr(cfg, "logits_scaling", 1.0) not in (None, 1, 1.0) else "",
+        layer_windows=_windows(cfg),
+        layer_types=_rotary_types(cfg, base, rotary),
+    )
+
+
+def _block_facts(block, name: str) -> dict[str, Any]:
+    """What one decoder block holds, as FamilyInfo fields: its attention and MLP, its norms, every
+    linear's shape and bias, the parameters outside those (q/k norms), and what the activation
+    model reads of them (norm kind, a gated MLP)."""
+    from torch import nn
+
     children = dict(block.named_children())
     attention = _one([n for n, m in children.items() if type(m).__name__.endswith("Attention")],
                      "the attention module", "a block", name)
@@ -160,37 +191,12 @@ def derive_unchecked(config: dict, name: str) -> FamilyInfo:
             linears[path] = Linear(m.in_features, m.out_features, m.bias is not None)
             covered |= {f"{path}.weight", f"{path}.bias"}
     covered |= {f"{n}.{leaf}" for n in norms for leaf in ("weight", "bias")}
-    block_params = {n: tuple(p.shape) for n, p in block.named_parameters() if n not in covered}
-    styles = _tp_styles(tp_plan, layers_key, block, name)
-    first_norm = block.get_submodule(norms[0]) if norms else None
-    norm_bias = first_norm is not None and getattr(first_norm, "bias", None) is not None
+    norm_bias = bool(norms) and getattr(block.get_submodule(norms[0]), "bias", None) is not None
     gated = any("gate" in p.rsplit(".", 1)[-1] for p in linears if p.startswith(f"{mlp}."))
-    tied = bool(getattr(cfg, "tie_word_embeddings", False))
-    windows, types = _windows(cfg), _rotary_types(cfg, base, rotary)
-    return FamilyInfo(
-        model_types=(model_type,),
-        layers_path=f"{prefix}.{layers_key}",
-        embedding_path=f"{prefix}.{before[0]}",
-        embedding_dropout_path=f"{prefix}.{before[1]}" if len(before) > 1 else None,
-        rotary_path=f"{prefix}.{rotary[0]}" if rotary else None,
-        final_norm_path=f"{prefix}.{after[0]}",
-        lm_head_path=lm_head,
-        attention_path=attention,
-        attention_input=_attention_input(block, attention),
-        mlp_path=mlp,
-        norm_paths=norms,
-        norm_bias=norm_bias,
-        norm_saves=(1, 2) if norm_bias else (2, 1),
-        mlp_saves=4 if gated else 3,
-        linears=linears,
-        tp_plan={f"{prefix}.{layers_key}.*.{rel}": style for rel, style in styles.items()},
-        tied_by_default=tied,
-        block_params=block_params,
-        logit_softcap="final_logit_softcapping" if getattr(cfg, "final_logit_softcapping", None) else "",
-        logit_divisor="logits_scaling" if getattr(cfg, "logits_scaling", 1.0) not in (None, 1, 1.0) else "",
-        layer_windows=windows,
-        layer_types=types,
-    )
+    return dict(attention_path=attention, attention_input=_attention_input(block, attention), mlp_path=mlp,
+                norm_paths=norms, norm_bias=norm_bias, norm_saves=(1, 2) if norm_bias else (2, 1),
+                mlp_saves=4 if gated else 3, linears=linears,
+                block_params={n: tuple(p.shape) for n, p in block.named_parameters() if n not in covered})
 
 
 def _tp_styles(tp_plan: dict[str, str], layers_key: str, block, name: str) -> dict[str, str]:
@@ -265,9 +271,8 @@ def small_config(config: dict) -> dict:
         out["layer_types"] = (kinds * 2)[:2]
     if config.get("sliding_window"):
         out["sliding_window"] = 4
-    for key in ("max_window_layers",):
-        if key in out:
-            out[key] = 2
+    if "max_window_layers" in out:
+        out["max_window_layers"] = 2
     return out
 
 
