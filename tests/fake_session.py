@@ -4,8 +4,8 @@ Every public name it defines is one Session defines, with the same parameters an
 annotation (tests/test_widgets.py compares them with `inspect.signature`), and every value it
 returns is of the type Session returns: built from the real record classes, kept in the real
 telemetry store (cluster/telemetry.py), predictions from the real plan/estimate. What the ranks
-would compute is made up: losses fall, one all_reduce per step, completions are the prompt
-reversed. Each call is appended to `calls`, so tests see what the panel asked for.
+would compute is made up: losses fall, one all_reduce per step, a mixture-of-experts model's
+routing leans on one expert per layer, completions are the prompt reversed. Each call is appended to `calls`, so tests see what the panel asked for.
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ from typing import Any, Callable, Literal, Sequence
 
 from interactive_parallel.cluster.errors import RankError, SessionError
 from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
-from interactive_parallel.plan import ModelSpec, Plan, PlanError, check, resolve_model
+from interactive_parallel.plan import (MeshAxis, ModelSpec, Plan, PlanError, check, expert_coords, expert_groups,
+                                       mesh_coords, resolve_model)
 from interactive_parallel.plan.estimate import predict_memory
 from interactive_parallel.plan.inference import quantization_problems, request_problems, serving_engine
 from interactive_parallel.plan.virtual import DryRun, Simulated
-from interactive_parallel.records import (CommRecord, DecodeStep, MemoryRecord, ParamDiff, PipelineEvent,
+from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, ParamDiff, PipelineEvent,
                                           QuantizeRecord, RankInfo, RankPlace, RecordList, Request, RequestRecord,
                                           ServeEngine, ServePolicy, ServeResult, ShardRecord, StepRecord, TokenRecord,
                                           VerifyReport)
@@ -122,7 +123,34 @@ class FakeSession:
                                               activations=10_000 + step),
                           comms=[CommRecord(rank=rank, step=step, op="all_reduce", bytes=460_000, dtype="float32",
                                             axis="dp", group=group, start=t, end=t + 0.002)],
-                          events=events)
+                          events=events, experts=self._expert_records(rank, step))
+
+    def _routed(self, step: int, layer: int) -> list[int]:
+        """Made-up routing of any rank's 128 tokens: even, but for one hot expert taking from its neighbour."""
+        n, k = self._spec.num_experts, self._spec.experts_per_token or 1
+        routed = [128 * k // n] * n
+        hot, cold = (step + layer) % n, (step + layer + 1) % n
+        routed[hot], routed[cold] = routed[hot] + routed[cold] // 2, routed[cold] - routed[cold] // 2
+        return routed
+
+    def _expert_records(self, rank: int, step: int) -> list[ExpertRecord]:
+        n = self._spec.num_experts if self._spec is not None else 0
+        if not n or self._plan is None:
+            return []
+        ep, shape, layers = self._plan.ep, self._plan.mesh_shape, self._spec.num_layers
+        coords = mesh_coords(rank, shape)
+        group = next(g for g in expert_groups(shape, ep)[0] if rank in g) if ep > 1 else [rank]
+        held = {q: list(range(expert_coords(q, shape, ep)[1] * n // ep, (expert_coords(q, shape, ep)[1] + 1) * n // ep))
+                for q in group}
+        out = []
+        for layer in (i for i in range(layers) if i * self._plan.pp // layers == coords[MeshAxis.PP]):
+            routed = self._routed(step, layer)
+            moved = [sum(routed[e] for e in held[q]) for q in group] if ep > 1 else []
+            mine = [sum(routed[e] for e in held[rank])] * len(group) if ep > 1 else []
+            out.append(ExpertRecord(rank=rank, step=step, layer=layer, experts=held[rank],
+                                    tokens=[routed[e] * len(group) for e in held[rank]], routed=routed,
+                                    sent=moved, received=mine, ep_group=group, tp_rank=coords[MeshAxis.TP]))
+        return out
 
     def interrupt(self) -> None:
         self.calls.append(("interrupt",))
@@ -246,6 +274,10 @@ class FakeSession:
     def comms(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         self.calls.append(("comms",))
         return self._telemetry.comms(steps, raw=raw)
+
+    def experts(self, steps: int | None = None) -> RecordList:
+        self.calls.append(("experts",))
+        return self._telemetry.experts(steps)
 
     def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         self.calls.append(("timeline",))

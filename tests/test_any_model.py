@@ -110,7 +110,7 @@ def test_llamas_hand_entry_is_what_transformers_derives():
 @pytest.mark.parametrize("config, words", [
     (dict(BASE, model_type="llama", hidden_size=65, head_dim=None), "(?s)transformers refuses.*not a multiple"),
     (dict(BASE, model_type="qwen3", num_key_value_heads=3), "a forward of the model its config describes fails"),
-    (dict(BASE, model_type="mixtral"), "mixture of experts"),
+    (dict(BASE, model_type="deepseek_v3"), "dense and mixture-of-experts blocks mixed"),
     (dict(BASE, model_type="cohere"), "does not give the model's own logits"),
     (dict(BASE, model_type="opt", ffn_dim=128), "ships no TP and PP plan"),
     (dict(BASE, model_type="gpt_neox"), "its TP plan splits 'embed_in' .*outside the blocks"),
@@ -194,7 +194,7 @@ def test_a_session_lays_out_a_derived_family_and_a_refused_config_loses_nothing(
         s.apply(Plan(tp=2, **SMALL))
         assert {r.step for r in s.train(steps=2)} == {0, 1}
         for bad, words in ((dict(BASE, model_type="llama", hidden_size=65, head_dim=None), "not a multiple"),
-                           (dict(BASE, model_type="mixtral"), "mixture of experts")):
+                           (dict(BASE, model_type="deepseek_v3"), "dense and mixture-of-experts blocks mixed")):
             with pytest.raises(UnknownModelError, match=words):
                 s.load_model(bad)
             assert s.spec.family == "qwen3" and s.plan.tp == 2

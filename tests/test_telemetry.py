@@ -223,3 +223,31 @@ def test_debug_mode_names_a_mismatched_collective_and_session_survives(session4)
     finally:
         session4.set_debug(False)
     assert session4.run(good_all_reduce) == [16.0] * 4
+
+
+# ---------------------------------------------------------------- experts (no ranks needed)
+
+def test_experts_are_kept_for_every_step_when_comms_are_stripped():
+    from interactive_parallel.cluster.telemetry import EXPERT_COLUMNS, TELEMETRY_STEPS, Telemetry
+    from interactive_parallel.records import ExpertRecord, StepRecord
+
+    def step(s: int) -> list[StepRecord]:
+        return [StepRecord(rank=r, step=s, loss=1.0, tokens=8, time_s=0.1,
+                           comms=[CommRecord(rank=r, step=s, op="all_to_all", bytes=64, dtype="float32")],
+                           experts=[ExpertRecord(rank=r, step=s, layer=layer, experts=[2 * r, 2 * r + 1],
+                                                 tokens=[4, 4], routed=[2, 2, 2, 2], sent=[4, 4], received=[4, 4],
+                                                 ep_group=[0, 1]) for layer in (0, 1)])
+                for r in (0, 1)]
+
+    t = Telemetry()
+    for s in range(TELEMETRY_STEPS + 3):
+        t.add_step(step(s))
+    assert all(not r.comms and len(r.experts) == 2 for r in t.history)  # comms stripped, experts kept
+    every = t.experts()
+    assert every.columns == EXPERT_COLUMNS and all(isinstance(e, ExpertRecord) for e in every)
+    assert len(every) == 4 * (TELEMETRY_STEPS + 3) and every[0].step == 0  # older than the probes' window
+    latest = t.experts(2)
+    assert [(e.step, e.rank, e.layer) for e in latest] == [
+        (s, r, layer) for s in (TELEMETRY_STEPS + 1, TELEMETRY_STEPS + 2) for r in (0, 1) for layer in (0, 1)]
+    assert "ep_group" in str(latest)
+    assert Telemetry().experts() == []

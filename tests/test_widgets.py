@@ -22,12 +22,13 @@ import interactive_parallel as ip
 from interactive_parallel.cluster import Session
 from interactive_parallel.plan import Plan
 from interactive_parallel.records import RecordList, StepRecord, VerifyReport
+from interactive_parallel import viz
 from interactive_parallel.viz import loss_figure
 from interactive_parallel.widgets import Panel, panel
 from interactive_parallel.widgets import cluster as cluster_mod
 from interactive_parallel.widgets import planner as planner_mod
 from interactive_parallel.widgets._common import refresh
-from interactive_parallel.widgets.events import JobEnded, JobKind
+from interactive_parallel.widgets.events import JobEnded, JobKind, RanksChanged
 from interactive_parallel.widgets.fit import FitFigures
 
 
@@ -35,7 +36,7 @@ def names(session) -> list[str]:
     return [c[0] for c in session.calls]
 
 
-READS = {"memory", "comms", "timeline", "predict_memory", "decoding", "served", "quantized"}
+READS = {"memory", "comms", "timeline", "experts", "predict_memory", "decoding", "served", "quantized"}
 """Session methods that read what the client already holds (no rank is asked)."""
 
 
@@ -121,7 +122,8 @@ def test_the_fake_returns_the_types_session_declares():
         "check_plan": s.check_plan(s.plan), "load_model": s.load_model("tiny-llama"), "apply": s.apply(s.plan),
         "train_async": asyncio.run(s.train_async(2)), "doctor": s.doctor(), "verify": s.verify(),
         "generate_async": asyncio.run(s.generate_async(["ab"], 3, on_token=tokens.append)),
-        "memory": s.memory(), "comms": s.comms(), "timeline": s.timeline(), "layout": s.layout(),
+        "memory": s.memory(), "comms": s.comms(), "timeline": s.timeline(), "experts": s.experts(),
+        "layout": s.layout(),
         "predict_memory": s.predict_memory(), "save": s.save("c"), "load": s.load("c"),
         "export_script": s.export_script("x.py"), "run": s.run(lambda: 1),
         "serve_async": asyncio.run(s.serve_async(["ab", "cd"], on_token=tokens.append)),
@@ -160,9 +162,9 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
         "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
         "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
-        "ip-mesh-figure"}
+        "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 14
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 16
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -185,7 +187,7 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     assert set(fit.figures) == {f"ip-{n}-figure" for n in ("loss", "memory", "comm-matrix", "comm-breakdown",
                                                           "timeline", "sharding", "pipeline", "tokens-per-step",
                                                           "kv-memory", "step-split", "request-timeline", "latency",
-                                                          "quantization", "mesh")}
+                                                          "quantization", "mesh", "expert-load", "tokens-moved")}
     fit.widths = {"ip-loss-figure": 612, "ip-memory-figure": 0}
     assert p.views.loss.layout.width == 612 and p.views.memory.layout.width is None
     refresh(p.views.loss, loss_figure([StepRecord(rank=0, step=0, loss=1.0, tokens=1, time_s=1.0)]))
@@ -284,6 +286,51 @@ def test_plan_section_offers_every_plan_field_including_ones_added_later(monkeyp
     later.fields["offload"].value = True
     later.fields["dropout"].value = 0.1
     assert later.plan() == LaterPlan(dp=WORLD, offload=True, dropout=0.1)
+
+
+MOE = dict(model_type="mixtral", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+           max_position_embeddings=256)
+"""A tiny mixture-of-experts config (transformers' Mixtral): 4 experts, top 2."""
+
+
+@pytest.mark.pure
+def test_the_ep_degree_shows_only_for_a_model_with_experts_and_the_experts_view_draws_its_routing():
+    s, p = laid_out()
+    section = p.plan_section
+    ep = section.fields["ep"]
+    assert ep in section.degree_grid.children and ep.layout.display == "none"  # tiny-llama: dense
+    assert "repeat(5," in section.degree_grid.layout.grid_template_columns
+    s.load_model(MOE)
+    p.notify(RanksChanged())
+    assert ep.layout.display != "none" and "repeat(6," in section.degree_grid.layout.grid_template_columns
+    ep.value = 2
+    assert section.plan() == Plan(dp=WORLD, ep=2) and "ep2" in shown(section.messages)
+    assert "cannot run" not in shown(section.messages)
+    section.apply.click()
+    assert asked(s)[-1] == ("apply", Plan(dp=WORLD, ep=2))
+    assert p.train(2).wait(10) and p.error_text == ""
+    v = p.views
+    v.tab.selected_index = v.tab.titles.index("experts")
+    assert ("experts",) in s.calls
+    load = [list(row) for row in v.expert_load.data[0].z]
+    assert load == [list(r) for r in viz.expert_load(s.experts(1)).values()] and sum(load[0]) == WORLD * 128 * 2
+    assert "step 1" in v.expert_load.layout.title.text and "imbalance" in v.expert_load.layout.title.text
+    moved = viz.tokens_moved(s.experts(1))
+    assert sum(map(sum, v.tokens_moved.data[0].z)) == sum(moved.values()) > 0
+    assert "KiB each way" in v.tokens_moved.layout.title.text  # hidden 64 x fp32 per pair
+    s.load_model("tiny-llama")  # dense again: the degree hides and goes back to 1
+    p.notify(RanksChanged())
+    assert ep.layout.display == "none" and ep.value == 1 and section.plan().ep == 1
+
+
+@pytest.mark.pure
+def test_the_experts_view_of_a_dense_model_says_why_it_is_empty():
+    s, p = laid_out()
+    p.train(1).wait(10)
+    p.views.tab.selected_index = p.views.tab.titles.index("experts")
+    assert "dense model" in shown(p.views.messages["experts"]) and not p.views.expert_load.data
+    assert any(a.text == "no mixture-of-experts records" for a in p.views.expert_load.layout.annotations)
 
 
 @pytest.mark.pure

@@ -354,6 +354,12 @@ class Session:
         (on this client's clock; raw=True: on each rank's own clock)."""
         return self.telemetry.comms(steps, raw=raw)
 
+    def experts(self, steps: int | None = None) -> RecordList:
+        """Mixture-of-experts routing per rank and MoE layer (ExpertRecords) of the latest `steps`
+        steps, all by default: experts held, pairs each processed, sent to / received from each
+        ep peer (no remote call; empty for a dense model). viz.expert_load_figure draws them."""
+        return self.telemetry.experts(steps)
+
     def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         """Comm intervals (CommRecords) and compute intervals (PipelineEvents: forward /
         backward per stage and microbatch) of the latest step (or the last `steps`), their

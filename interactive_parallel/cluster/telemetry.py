@@ -1,12 +1,13 @@
 """The telemetry store: every record the ranks sent back, and the views a Session answers from it.
 
-Owns keeping records: `history` holds every step's StepRecords (their numbers), the last
+Owns keeping records: `history` holds every step's StepRecords (their numbers, and the
+routing counts of a mixture-of-experts model: small, so kept for every step), the last
 TELEMETRY_STEPS steps keep what the probes measured with them (memory, comms, compute
 intervals; older steps drop those, which would otherwise grow without bound), and the
 layout of the applied plan once fetched, and the latest inference call's records (its
 decoding steps, a serving call's requests, the last quantization). Answers memory(),
-comms(), timeline() and the loss history with no remote call, so views refresh while the
-ranks are training.
+comms(), timeline(), experts() and the loss history with no remote call, so views refresh
+while the ranks are training.
 
 Times: every rank stamps its records with its own host's clock. Each step is kept as it
 arrived, with the clock offsets in force then (the rank set measures them); comms() and
@@ -23,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
-from ..records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, RecordList,
+from ..records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, PipelineEvent, QuantizeRecord, RecordList,
                        ServeResult, ShardRecord, StepRecord, TokenRecord)
 
 T = TypeVar("T", CommRecord, PipelineEvent, TokenRecord, DecodeStep)
@@ -32,6 +33,7 @@ TELEMETRY_STEPS = 20
 STEP_COLUMNS = ("rank", "step", "loss", "tokens", "time_s", "plan")
 MEMORY_COLUMNS = ("rank", "step", "params", "grads", "optimizer", "activations", "rss")
 COMM_COLUMNS = ("rank", "step", "op", "bytes", "dtype", "axis", "group", "peer", "start", "end")
+EXPERT_COLUMNS = ("rank", "step", "layer", "experts", "tokens", "routed", "sent", "received", "ep_group", "tp_rank")
 SHARD_COLUMNS = ("param", "rank", "stage", "coords", "placements", "global_shape", "local_shape", "index")
 DECODE_COLUMNS = ("rank", "step", "phase", "time_s", "comm_s", "tokens", "running", "waiting", "kv_bytes", "engine")
 QUANTIZE_COLUMNS = ("rank", "scheme", "plan", "linears", "params_before", "params_after", "kept_bytes",
@@ -43,7 +45,8 @@ class Telemetry:
     """Records of this session's ranks; see the module docstring for what is kept how long."""
 
     history: RecordList = field(default_factory=lambda: RecordList(columns=STEP_COLUMNS))
-    """Every StepRecord so far (probe records only for the latest TELEMETRY_STEPS steps)."""
+    """Every StepRecord so far (probe records only for the latest TELEMETRY_STEPS steps; expert
+    routing counts for all)."""
     recent: deque = field(default_factory=lambda: deque(maxlen=TELEMETRY_STEPS))
     """The latest steps, each (every rank's full StepRecord as sent, the clock offsets then)."""
     shards: RecordList | None = None
@@ -93,6 +96,18 @@ class Telemetry:
 
     def comms(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         return RecordList(self._timed(steps, raw, comms=True, events=False), columns=COMM_COLUMNS)
+
+    def experts(self, steps: int | None = None) -> RecordList:
+        """Every rank's ExpertRecords (routing per MoE layer) of the latest `steps` steps, all by default."""
+        taken: list[list[ExpertRecord]] = []
+        seen, last = 0, None
+        for r in reversed(self.history):  # one step's records arrive together
+            if r.step != last:
+                seen, last = seen + 1, r.step
+            if steps is not None and seen > steps:
+                break
+            taken.append(r.experts)
+        return RecordList([e for experts in reversed(taken) for e in experts], columns=EXPERT_COLUMNS)
 
     def timeline(self, steps: int | None = None, *, raw: bool = False) -> RecordList:
         """Comm intervals (CommRecords) and compute intervals (PipelineEvents), rank by rank."""

@@ -51,3 +51,30 @@ def axis_groups(shape: dict[MeshAxis, int], axis: MeshAxis) -> list[list[int]]:
         key = tuple(v for a, v in c.items() if a != axis)
         groups.setdefault(key, []).append(r)
     return list(groups.values())
+
+
+def expert_coords(rank: int, shape: dict[MeshAxis, int], ep: int) -> tuple[int, int]:
+    """(expert replica, ep rank) of `rank`: expert parallelism rides on the data-parallel ranks
+    (dp, fsdp and cp folded into one index, cp fastest), cut into runs of `ep` neighbours, so the
+    ranks of one ep group differ in the innermost data-parallel axes (torchtitan's layout)."""
+    c = mesh_coords(rank, shape)
+    data = (c[MeshAxis.DP] * shape.get(MeshAxis.FSDP, 1) + c[MeshAxis.FSDP]) * shape.get(MeshAxis.CP, 1) + c[MeshAxis.CP]
+    return data // ep, data % ep
+
+
+def expert_groups(shape: dict[MeshAxis, int], ep: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(ep groups, expert replica groups). An ep group: the ranks that split one set of experts
+    between them (same pp and tp coordinates, same replica); a replica group: the ranks holding
+    the same experts, whose expert gradients are summed (same pp and ep coordinates: every
+    replica and every tp rank)."""
+    world = 1
+    for a in MESH_ORDER:
+        world *= shape.get(a, 1)
+    ep_groups: dict[tuple, list[int]] = {}
+    replicas: dict[tuple, list[int]] = {}
+    for r in range(world):
+        c = mesh_coords(r, shape)
+        replica, ep_rank = expert_coords(r, shape, ep)
+        ep_groups.setdefault((c[MeshAxis.PP], c[MeshAxis.TP], replica), []).append(r)
+        replicas.setdefault((c[MeshAxis.PP], ep_rank), []).append(r)
+    return list(ep_groups.values()), list(replicas.values())

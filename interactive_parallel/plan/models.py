@@ -93,6 +93,24 @@ class ModelSpec:
         return widths[name]
 
     @property
+    def experts(self) -> "ExpertsInfo | None":
+        """The mixture-of-experts facts of its blocks (None: a dense model)."""
+        return self.family_info.experts
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (0: a dense model), under any of the names configs use."""
+        for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+            if self.config.get(key):
+                return int(self.config[key])
+        return 0
+
+    @property
+    def experts_per_token(self) -> int:
+        """The router's top-k: experts each token goes to (0: a dense model)."""
+        return int(self.config.get("num_experts_per_tok") or 0)
+
+    @property
     def tied_embeddings(self) -> bool:
         return bool(self.config.get("tie_word_embeddings", self.family_info.tied_by_default))
 
@@ -133,6 +151,31 @@ class Linear:
     out_width: str | int
     bias: bool | str = False
     """True, False, or the config key that switches the bias on (default off)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExpertsInfo:
+    """The mixture-of-experts part of a decoder block, as transformers 5 lays it out: a sparse
+    block (its `mlp`) holding a router and one module with every expert's weights stacked on
+    dim 0 (`gate_up_proj` [experts, 2 x width, hidden], `down_proj` [experts, hidden, width]).
+    Block level paths, as FamilyInfo's."""
+
+    block_path: str
+    """The sparse block (router, experts, any shared expert)."""
+    router_path: str
+    """The router: its forward returns (logits, top-k weights, top-k expert ids)."""
+    experts_path: str
+    """The module holding the stacked expert weights (expert parallelism splits its dim 0)."""
+    expert_params: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Leaf name -> the shape of ONE expert's slice (dim 0 dropped): the inventory's expert bytes."""
+    expert_width: int = 0
+    """Each expert's intermediate width (moe_intermediate_size, or intermediate_size)."""
+    ep_plan: dict[str, str] = field(default_factory=dict)
+    """The config's `base_model_ep_plan`, model level ('*' = any block index): transformers' own
+    expert-parallel styles, which runtime.parallel.ep applies."""
+    aux_loss_key: str = ""
+    """A config key: the coefficient of the router's load-balancing loss, added to the loss when
+    the config's `output_router_logits` is on ('' none)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -216,6 +259,9 @@ class FamilyInfo:
     layer_types: tuple[str, ...] = ()
     """Per decoder block, the config's layer type, when the rotary table takes one (Gemma 3's
     local and global tables); empty: one table for all."""
+    experts: ExpertsInfo | None = None
+    """Its blocks' mixture of experts (every block sparse), or None for a dense MLP. Under tp
+    the experts stay whole on every tp rank (attention is split); ep splits them."""
 
     @property
     def embed_paths(self) -> tuple[str, ...]:

@@ -59,6 +59,9 @@ class Plan:
     """Pipeline parallel: the layers split into this many stages."""
     cp: int = 1
     """Context parallel: the sequence split across this many ranks."""
+    ep: int = 1
+    """Expert parallel: each MoE layer's experts split over this many of the data-parallel ranks
+    (dp x fsdp x cp), tokens sent to their experts' ranks and back; the rank count is unchanged."""
     pp_schedule: PpSchedule = "1f1b"
     """Pipeline schedule: 'gpipe', '1f1b' or 'interleaved-1f1b'."""
     microbatches: int = 0
@@ -92,7 +95,12 @@ class Plan:
         """Whether the model is wrapped in DDP: pure data parallelism over more than one rank.
         With any other axis beside dp (HSDP, or dp with tp / pp / cp) gradients are averaged
         by FSDP2's fully_shard or replicate instead (runtime.parallelize)."""
-        return self.dp > 1 and self.world_size == self.dp
+        return self.dp > 1 and self.world_size == self.dp and self.ep == 1
+
+    @property
+    def expert_replicas(self) -> int:
+        """Data-parallel ranks holding the same experts: dp x fsdp x cp / ep."""
+        return self.dp * self.fsdp * self.cp // max(self.ep, 1)
 
     @property
     def data_parallel(self) -> int:
@@ -127,6 +135,8 @@ class Plan:
 
     def describe(self) -> str:
         parts = [f"{a.value}{getattr(self, a.value)}" for a in MESH_ORDER if getattr(self, a.value) > 1]
+        if self.ep > 1:  # not a mesh axis of its own: it rides on the data-parallel ranks
+            parts.append(f"ep{self.ep}")
         return "x".join(parts) or "single"
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +201,7 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         return problems
     # Messages name degrees in the order users write them, not the mesh's layout order.
     degrees = [(n, getattr(plan, n)) for n in ("dp", "fsdp", "tp", "pp", "cp")]
-    for name, value in degrees:
+    for name, value in degrees + [("ep", plan.ep)]:
         if value < 1:
             problems.append(f"{name}({value}) must be a whole number >= 1")
     if problems:
@@ -277,6 +287,11 @@ def _batch_problems(plan: Plan) -> list[str]:
 def _combination_problems(plan: Plan) -> list[str]:
     """Layouts the runtime cannot compose, and pipeline schedule limits."""
     problems = []
+    if plan.ep > 1:
+        ranks = plan.dp * plan.fsdp * plan.cp
+        if ranks % plan.ep:
+            problems.append(f"ep({plan.ep}) does not divide dp*fsdp*cp({ranks}): expert parallelism rides on "
+                            "the data-parallel ranks")
     if plan.cp > 1 and plan.pp > 1:
         problems.append(f"cp({plan.cp}) with pp({plan.pp}) is not supported: context-parallel attention "
                         "needs the position ids that pipeline stages do not pass on")
@@ -302,6 +317,7 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
                         ("intermediate_size", spec.intermediate_size), ("vocab_size", spec.vocab_size)):
             if n % plan.tp:
                 problems.append(f"tp({plan.tp}) does not divide {what}({n})")
+    problems += _expert_problems(plan, spec)
     if plan.pp > 1:
         stages = plan.n_stages
         what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}"
@@ -310,6 +326,22 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
             problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages {what}")
         elif spec.num_layers % stages:
             problems.append(f"pipeline stages {what} do not divide num_hidden_layers({spec.num_layers})")
+    return problems
+
+
+def _expert_problems(plan: Plan, spec: ModelSpec) -> list[str]:
+    experts, top_k = spec.num_experts, spec.experts_per_token
+    moe = spec.num_experts > 0 if spec.needs_facts else spec.family_info.experts is not None
+    if not moe:
+        return [f"ep({plan.ep}) asked for, but {spec.name} is a dense model (no experts to split)"] if plan.ep > 1 else []
+    problems = []
+    if top_k > experts:
+        problems.append(f"num_experts_per_tok({top_k}) > num_experts({experts})")
+    if plan.ep > 1 and experts % plan.ep:
+        problems.append(f"ep({plan.ep}) does not divide num_experts({experts})")
+    if plan.sequence_parallel and plan.tp > 1:
+        problems.append(f"sequence_parallel with tp({plan.tp}) on {spec.name}'s expert layers is not laid out: "
+                        "the experts take whole sequences (turn sequence_parallel off)")
     return problems
 
 

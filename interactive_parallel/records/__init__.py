@@ -13,11 +13,11 @@ from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord,
 from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
                     NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
 from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
-from .training import CommRecord, DataKind, DataSource, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
+from .training import CommRecord, DataKind, DataSource, ExpertRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
 
 __all__ = [
     "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
-    "CommRecord", "DecodeStep", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
+    "CommRecord", "DecodeStep", "ExpertRecord", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
     "PipelineEvent", "QuantizeRecord", "RankInfo", "Request", "RequestRecord", "ServeResult",
     "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport", "GenerateOptions", "ServeEngine", "ServeOptions",
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",

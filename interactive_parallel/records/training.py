@@ -82,6 +82,32 @@ class PipelineEvent(Record):
 
 
 @dataclass
+class ExpertRecord(Record):
+    """One MoE layer's routing in one step on one rank (all its forwards: micro-batches, pipeline
+    microbatches; a recomputed forward is not counted again). Counts are (token, slot) pairs: a
+    token routed to top_k experts counts top_k times."""
+
+    kind: ClassVar[str] = "experts"
+    rank: int
+    step: int
+    layer: int
+    experts: list[int]
+    """Global ids of the experts this rank holds for the layer (all of them without ep)."""
+    tokens: list[int]
+    """Pairs each held expert processed, in `experts` order (from every ep peer's tokens)."""
+    routed: list[int]
+    """Pairs this rank's own tokens sent to each expert, by global id (num_experts long). Under
+    tp every tp rank routes the same tokens: count the ranks with tp_rank 0."""
+    sent: list[int] = field(default_factory=list)
+    """Pairs sent to each ep peer, in `ep_group` order (empty without ep)."""
+    received: list[int] = field(default_factory=list)
+    """Pairs received from each ep peer, in `ep_group` order (empty without ep)."""
+    ep_group: list[int] = field(default_factory=list)
+    """Global ranks of this rank's ep group."""
+    tp_rank: int = 0
+
+
+@dataclass
 class StepRecord(Record):
     """One optimizer step as one rank saw it, with what the probes measured during it."""
 
@@ -103,6 +129,8 @@ class StepRecord(Record):
     """Every collective and p2p op the step issued on this rank."""
     events: list[PipelineEvent] = field(default_factory=list)
     """Compute intervals: forward / backward per stage and microbatch."""
+    experts: list[ExpertRecord] = field(default_factory=list)
+    """Routing per MoE layer this rank holds (empty for a dense model)."""
 
     @property
     def tokens_per_s(self) -> float:

@@ -19,7 +19,7 @@ Owns `derive(spec) -> FamilyInfo` and `with_facts(spec)`: the plain data plan/ r
 Refusals are UnknownModelError, raised before any rank builds anything: a config transformers
 refuses or whose model's forward fails on the meta device (every spec is checked so, the
 hand-written families' too), a model type without the plans, a TP style not mapped here,
-mixture-of-experts blocks (no expert layout yet), a stage forward the facts do not reproduce.
+blocks that differ (dense and sparse mixed), an EP style not mapped, a stage forward the facts do not reproduce.
 Derivations are cached per config. Importing this module costs nothing: torch and
 transformers load when a spec is first checked (a client that only plans presets never
 loads them). Knows nothing of plans, meshes or ranks.
@@ -35,7 +35,7 @@ import re
 
 from typing import Any
 
-from ..plan.models import TP_ALIASES, TP_STYLES, FamilyInfo, Linear, ModelSpec, UnknownModelError, resolve_model
+from ..plan.models import TP_ALIASES, TP_STYLES, ExpertsInfo, FamilyInfo, Linear, ModelSpec, UnknownModelError, resolve_model
 
 CHECK_TOL = 1e-4
 """Largest |logit| difference the stage forward may show against the model's own on the small copy (fp32)."""
@@ -69,7 +69,12 @@ def _forward_on_meta(model, name: str) -> None:
     kv-head count that does not divide the heads fails here, not in a rank's first step)."""
     import torch
 
+    config = model.config
+    experts = getattr(config, "_experts_implementation", None)
     try:
+        # torch's grouped_mm has a meta kernel for bf16 only; batched_mm gives the same shapes
+        if experts is not None:
+            config._experts_implementation = "batched_mm"
         with torch.device("meta"), torch.no_grad():
             model(torch.zeros(1, 8, dtype=torch.long))
     except NotImplementedError:
@@ -79,6 +84,9 @@ def _forward_on_meta(model, name: str) -> None:
             return
         raise UnknownModelError(f"{name}: a forward of the model its config describes fails: "
                                 f"{type(exc).__name__}: {str(exc)[:300]}") from None
+    finally:
+        if experts is not None:
+            config._experts_implementation = experts
 
 
 def derive(spec: ModelSpec) -> FamilyInfo:
@@ -129,9 +137,6 @@ def derive_unchecked(config: dict, name: str) -> FamilyInfo:
         missing = " and ".join(w for w, p in (("TP", tp_plan), ("PP", pp_plan)) if not p)
         raise UnknownModelError(f"{name}: transformers' {type(cfg).__name__} ships no {missing} plan "
                                 "(base_model_tp_plan / base_model_pp_plan), so its layout cannot be derived")
-    if getattr(cfg, "base_model_ep_plan", None):
-        raise UnknownModelError(f"{name}: {model_type} is a mixture of experts; its expert layers have no "
-                                "layout here yet")
     model = _meta_model(config, name)
     prefix = model.base_model_prefix
     base = model.get_submodule(prefix)
@@ -151,8 +156,16 @@ def derive_unchecked(config: dict, name: str) -> FamilyInfo:
     rotary = [n for n, m in base.named_children() if "rotary" in type(m).__name__.lower()]
     if len(rotary) > 1:
         raise UnknownModelError(f"{name}: several rotary tables {rotary}; one is laid out")
-    block = base.get_submodule(layers_key)[0]
+    blocks = base.get_submodule(layers_key)
+    block = blocks[0]
+    _same_blocks(blocks, name)
     parts = _block_facts(block, name)
+    experts = _experts_facts(cfg, block, parts["mlp_path"], name)
+    if experts is not None:  # the experts stay whole under tp; the dense-MLP entries name no module here
+        tp_plan = {k: v for k, v in tp_plan.items()
+                   if not k.startswith(f"{layers_key}.*.{experts.experts_path}") and _has(block, k, layers_key)}
+        covered = {f"{experts.experts_path}.{leaf}" for leaf in experts.expert_params}
+        parts["block_params"] = {k: v for k, v in parts["block_params"].items() if k not in covered}
     styles = _tp_styles(tp_plan, layers_key, block, name)
     _forward_on_meta(model, name)
     return FamilyInfo(
@@ -170,7 +183,54 @@ def derive_unchecked(config: dict, name: str) -> FamilyInfo:
         logit_divisor="logits_scaling" if getattr(cfg, "logits_scaling", 1.0) not in (None, 1, 1.0) else "",
         layer_windows=_windows(cfg),
         layer_types=_rotary_types(cfg, base, rotary),
+        experts=experts,
     )
+
+
+def _has(block, pattern: str, layers_key: str) -> bool:
+    try:
+        block.get_submodule(pattern[len(f"{layers_key}.*."):])
+        return True
+    except AttributeError:
+        return False
+
+
+def _same_blocks(blocks, name: str) -> None:
+    """Every block holds the same parameters: the facts are one block's (a model whose first
+    blocks are dense and the rest sparse, DeepSeek-V3's first_k_dense_replace, is refused)."""
+    first = [n for n, _ in blocks[0].named_parameters()]
+    odd = [i for i, b in enumerate(blocks) if [n for n, _ in b.named_parameters()] != first]
+    if odd:
+        raise UnknownModelError(f"{name}: blocks {odd[:8]} hold other parameters than block 0 (dense and "
+                                "mixture-of-experts blocks mixed); one kind of block is laid out")
+
+
+def _experts_facts(cfg, block, mlp: str, name: str) -> ExpertsInfo | None:
+    """The block's mixture of experts, from the config's `base_model_ep_plan` and the modules its
+    sparse block holds (None: a dense block)."""
+    ep_plan = getattr(cfg, "base_model_ep_plan", None)
+    if not ep_plan:
+        return None
+    sparse = block.get_submodule(mlp)
+    children = dict(sparse.named_children())
+    dispatch = [k for k, v in ep_plan.items() if v == "ep_dispatch_experts"]
+    experts_rel = _one([k.split(".*.", 1)[1] for k in dispatch], "the experts module", "base_model_ep_plan", name)
+    router = _one([n for n, m in children.items() if "router" in type(m).__name__.lower()],
+                  "the router", f"the sparse block {mlp}", name)
+    experts = block.get_submodule(experts_rel)
+    if not hasattr(experts, "num_experts"):
+        raise UnknownModelError(f"{name}: {experts_rel} ({type(experts).__name__}) does not hold its experts "
+                                "stacked as transformers' experts interface does")
+    odd = [k for k, v in ep_plan.items() if v not in ("grouped_gemm", "ep_dispatch_experts")]
+    if odd:
+        raise UnknownModelError(f"{name}: its EP plan uses styles {sorted({ep_plan[k] for k in odd})}; "
+                                "grouped_gemm and ep_dispatch_experts are laid out")
+    width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
+    return ExpertsInfo(
+        block_path=mlp, router_path=f"{mlp}.{router}", experts_path=experts_rel,
+        expert_params={n: tuple(p.shape[1:]) for n, p in experts.named_parameters()},
+        expert_width=int(width), ep_plan=dict(ep_plan),
+        aux_loss_key="router_aux_loss_coef" if getattr(cfg, "router_aux_loss_coef", None) else "")
 
 
 def _block_facts(block, name: str) -> dict[str, Any]:
@@ -273,6 +333,13 @@ def small_config(config: dict) -> dict:
         out["sliding_window"] = 4
     if "max_window_layers" in out:
         out["max_window_layers"] = 2
+    for key, small in (("moe_intermediate_size", 32), ("shared_expert_intermediate_size", 48)):
+        if config.get(key):
+            out[key] = small
+    for key in ("num_local_experts", "num_experts", "n_routed_experts"):
+        if config.get(key):  # enough experts for every ep the suite runs, few enough to build in a blink
+            out[key] = min(int(config[key]), 8)
+            out["num_experts_per_tok"] = min(int(config.get("num_experts_per_tok") or 1), out[key])
     return out
 
 

@@ -44,16 +44,22 @@ def tile_seed(seed: int, name: str, row: int, col: int) -> int:
 
 
 def _as_2d(piece: Piece, shape: tuple[int, ...]) -> tuple[torch.Tensor, int, int, int, int]:
-    """(2-D view, row offset, col offset, rows, cols) of a piece of a 1-D or 2-D logical tensor."""
+    """(2-D view, row offset, col offset, rows, cols) of a piece of a logical tensor. Beyond two
+    dims (stacked experts: [experts, out, in]) the leading dims fold into rows, which needs a
+    piece cut on dim 0 only (expert parallelism and FSDP cut there)."""
     if len(shape) == 1:
         return piece.view.unsqueeze(0), 0, piece.offsets[0], 1, shape[0]
+    if len(shape) > 2:
+        if any(piece.offsets[1:]) or tuple(piece.view.shape[1:]) != tuple(shape[1:]):
+            raise ValueError(f"seeded init of a {len(shape)}-D tensor needs pieces cut on dim 0 only, not "
+                             f"{tuple(piece.view.shape)} at {piece.offsets} of {tuple(shape)}")
+        inner = math.prod(shape[1:-1])
+        return (piece.view.view(-1, shape[-1]), piece.offsets[0] * inner, 0, shape[0] * inner, shape[-1])
     return piece.view, piece.offsets[0], piece.offsets[1], shape[0], shape[1]
 
 
 def fill_normal(piece: Piece, shape: tuple[int, ...], std: float, seed: int, name: str) -> None:
     """Write normal(0, std) draws of the tiles that `piece` overlaps into it."""
-    if len(shape) > 2:
-        raise ValueError(f"{name}: seeded init covers 1-D and 2-D tensors, not shape {tuple(shape)}")
     view, r0, c0, rows, cols = _as_2d(piece, shape)
     r1, c1 = r0 + view.shape[0], c0 + view.shape[1]
     tr, tc = TILE
@@ -85,8 +91,10 @@ def _rule(raw: nn.Module, name: str, spec) -> Callable[[Piece, tuple[int, ...], 
     if "Norm" in type(module).__name__:
         value = spec.family_info.norm_init if leaf == "weight" else 0.0
         return lambda piece, shape, seed: piece.view.fill_(value)
-    if leaf == "bias":
+    if leaf == "bias" or leaf.endswith("_bias"):
         return lambda piece, shape, seed: piece.view.zero_()
+    if getattr(module, leaf).dim() >= 3:  # stacked expert weights: normal, as their _init_weights draws them
+        return lambda piece, shape, seed: fill_normal(piece, shape, std, seed, name)
     if leaf == "weight" and len(module.weight.shape) >= 2:
         fam = spec.family_info
         block = f"{fam.layers_path}."

@@ -1,7 +1,7 @@
 """Compose the parallelisms of a Plan onto a model, in one fixed order, torchtitan's way.
 
 Owns the order, nothing else: build on the meta device, pipeline split first (PP), then
-within each stage TP -> CP -> activation recomputation -> FSDP/replicate, then give the
+within each stage TP -> EP -> CP -> activation recomputation -> FSDP/replicate, then give the
 rank's own modules real storage (`to_empty`) and fill only its local shards
 (runtime.initialize: seeded or read from the model's directory), then DDP and the
 pipeline schedule, which need real tensors. No rank ever holds a whole copy of a
@@ -97,6 +97,12 @@ def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallel
         from .parallel.tp import apply_tp
 
         par.perms = apply_tp(raw, mesh["tp"], spec, layer_ids, sequence_parallel=plan.sequence_parallel)
+    if spec.family_info.experts is not None:  # 2b. experts: routing counted; under ep, split over the ep ranks
+        from .parallel.ep import apply_ep, attach_counter
+
+        par.routing = attach_counter(raw, spec, plan, layer_ids, rank)
+        if plan.ep > 1:
+            par.expert_params, par.expert_group = apply_ep(raw, spec, plan, layer_ids, device.type)
     if plan.cp > 1:  # 3. context parallel: attention rerouted, the forward takes position ids
         from .parallel.cp import apply_cp
 
@@ -165,9 +171,10 @@ def _apply_sharding(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
     layer_lists = [list(r.layers) if isinstance(r, StageModule) else list(par.raw.get_submodule(layers_path))
                    for r in roots]
     shard_mesh, repl_mesh = data_parallel_meshes(plan, mesh)
+    ignored = set(par.expert_params) or None  # their groups are the replicas' (runtime.parallel.ep)
     for root, layers in zip(roots, layer_lists):
         if shard_mesh is not None:
-            apply_fsdp(root, shard_mesh, layers, precision=plan.precision)
+            apply_fsdp(root, shard_mesh, layers, precision=plan.precision, ignored=ignored)
         elif repl_mesh is not None:
-            apply_replicate(root, repl_mesh, layers)
+            apply_replicate(root, repl_mesh, layers, ignored=ignored)
     return nn.ModuleList(roots) if plan.pp > 1 else roots[0]

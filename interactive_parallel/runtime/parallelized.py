@@ -50,6 +50,12 @@ class Parallelized:
     """The plan knobs the schedule was built for (its stages fix their shapes at first use)."""
     measured_bytes: dict = field(default_factory=dict)
     """The probes' last byte counts (params, grads, optimizer, activations) per batch shape."""
+    routing: Any = None
+    """A mixture of experts' routing counts since the last step (runtime.parallel.ep.RoutingCounter)."""
+    expert_params: list = field(default_factory=list)
+    """Under ep: the expert weights (kept out of FSDP / replicate; their gradients synced here)."""
+    expert_group: Any = None
+    """Under ep: the ranks holding this rank's experts (None: no other)."""
 
     @property
     def data_index(self) -> int:
@@ -111,7 +117,12 @@ class Parallelized:
                                                           self.device)
 
     def finish_grads(self) -> None:
-        """After backward: sum the tied embedding/head gradient over the stages that hold it."""
+        """After backward: sum the tied embedding/head gradient over the stages that hold it, and
+        under ep each expert's gradient over the ranks holding that expert."""
+        if self.expert_params:
+            from .parallel.ep import sync_expert_grads
+
+            sync_expert_grads(self.expert_params, self.expert_group, self.plan.dp * self.plan.fsdp * self.plan.cp)
         if self.tie_group is None:
             return
         fam = self.spec.family_info

@@ -162,6 +162,8 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
     plan = par.plan
     t0 = time.perf_counter()
     par.refresh_schedule()  # before the probes instrument it
+    if par.routing is not None:
+        par.routing.take(step, rank)  # what generation routed since the last step is not this step's
     with probes.step(par, optimizer, step, rank) as probe:
         batch = local_batch(par, step)
         total = forward_backward(par, batch, scaler)
@@ -176,4 +178,5 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
     memory, comms, events = probe.records()
     return StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
                       tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
-                      plan=plan.describe(), lr=plan.lr, memory=memory, comms=comms, events=events)
+                      plan=plan.describe(), lr=plan.lr, memory=memory, comms=comms, events=events,
+                      experts=par.routing.take(step, rank) if par.routing is not None else [])

@@ -1,7 +1,7 @@
 """Pure functions from records to plotly Figures, and an HTML report of them.
 
-Owns how training, memory, communication, pipeline, sharding and inference (decoding steps,
-served requests, quantization) records are drawn. Knows nothing
+Owns how training, memory, communication, expert routing, pipeline, sharding and inference
+(decoding steps, served requests, quantization) records are drawn. Knows nothing
 of torch, ipyparallel or ipywidgets: it is testable without a kernel, and the widgets and the CLI
 call it with whatever records they hold. Every figure has an empty state ("no data yet: train a step"),
 and every title is broken into lines that fit a figure of TITLE_FITS_PX.
@@ -9,6 +9,8 @@ and every title is broken into lines that fit a figure of TITLE_FITS_PX.
 from ._common import EMPTY_TEXT, TITLE_CHARS, TITLE_FITS_PX, add_to_title, human_bytes, title_lines, title_with
 from .comms import comm_breakdown, comm_breakdown_figure, comm_matrix, comm_matrix_figure
 from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
+from .experts import (expert_load, expert_load_figure, expert_load_over_steps_figure, imbalance, tokens_moved,
+                      tokens_moved_figure)
 from .memory import memory_figure
 from .mesh import MeshGrid, comm_links, mesh_figure, mesh_grid
 from .pipeline import bubble_fractions, pipeline_figure
@@ -26,4 +28,6 @@ __all__ = [
     "tokens_per_step_figure", "kv_memory_figure", "step_split_figure", "quantization_figure",
     "request_timeline_figure", "latency_figure", "request_phases",
     "MeshGrid", "mesh_grid", "comm_links", "mesh_figure",
+    "expert_load", "expert_load_figure", "imbalance", "tokens_moved", "tokens_moved_figure",
+    "expert_load_over_steps_figure",
 ]

@@ -4,6 +4,8 @@ Owns the pickers, made from `Plan`'s dataclass fields so that a field added to P
 without editing the panel: a field with choices (`plan.field_choices`: its Literal type) ->
 Dropdown, bool -> Checkbox, int -> IntText, float -> FloatText, str -> Text, any other type ->
 Text read as a Python literal; each picker's tooltip is the field's docstring (`plan.field_docs`).
+The degrees (the mesh axes, and `ep`) sit in one row; `ep` only while the model has experts
+(its config says so: no torch), else hidden and back at 1.
 `device` belongs to the Cluster section (it is the session's, not the plan's, to change): the
 ranks and device the plan must fit come from the getters it is given. Also owns the live list
 of problems (`plan.validate`, plus the session's own `check_plan` when one runs), the predicted
@@ -32,6 +34,8 @@ from .render import esc, note, prediction_text, problems_html
 
 CLUSTER_FIELDS = ("device",)
 """Plan fields the Cluster section owns (a session's device is fixed when it starts)."""
+EXPERT_FIELDS = ("ep",)
+"""Degrees beside the mesh axes, shown only for a model with experts (a mixture of experts)."""
 PREDICTION_UNAVAILABLE = "prediction unavailable"
 
 
@@ -80,7 +84,9 @@ class PlanSection:
         self.fields: dict[str, W.ValueWidget] = {
             n: picker(n, kind, getattr(start, n), docs.get(n, "")) for n, kind in self.kinds.items()}
         axes = {a.value for a in MeshAxis}
-        self.degrees = {n: w for n, w in self.fields.items() if n in axes}
+        self.degrees = {n: w for n, w in self.fields.items() if n in axes or n in EXPERT_FIELDS}
+        self.degree_grid = grid(list(self.degrees.values()), max(len(self.degrees), 1))
+        self._fitting = False
         self.messages = css(W.HTML(), "ip-plan-messages")
         self.prediction = css(W.HTML(), "ip-memory-prediction")
         self.apply = button("Apply", "ip-apply-button", style="primary", tooltip="session.apply(plan)")
@@ -95,7 +101,7 @@ class PlanSection:
         self.widget = css(W.VBox([
             W.HTML("<b>Plan</b>"),
             row(self.preset, self.path, self.load),
-            grid(list(self.degrees.values()), max(len(self.degrees), 1)),
+            self.degree_grid,
             grid(others, 3),
             self.messages, self.prediction, self.apply, self.dry.widget,
         ]), "ip-section", "ip-section-plan")
@@ -126,6 +132,32 @@ class PlanSection:
         for name, w in self.fields.items():
             value = getattr(plan, name)
             w.value = repr(value) if isinstance(w, W.Text) and self.kinds[name] is not str else value
+
+    def has_experts(self) -> bool:
+        """Whether the model the plan is for has experts: the loaded one, else the picked one's config."""
+        s = self.session()
+        try:
+            spec = s.spec if self.session.alive and s.spec is not None else resolve_model(self.model_choice())
+        except Exception:  # noqa: BLE001 - an unreadable model is a problem revalidate shows
+            return False
+        return spec.num_experts > 0
+
+    def fit_experts(self) -> None:
+        """Show the expert degrees for a model with experts; hide them (back at 1) otherwise."""
+        moe = self.has_experts()
+        for name in EXPERT_FIELDS:
+            w = self.degrees.get(name)
+            if w is None:
+                continue
+            w.layout.display = None if moe else "none"
+            if not moe and w.value != 1:
+                self._fitting = True  # one revalidate (the caller's), not one per reset
+                try:
+                    w.value = 1
+                finally:
+                    self._fitting = False
+        shown = sum(w.layout.display != "none" for w in self.degrees.values())
+        self.degree_grid.layout.grid_template_columns = f"repeat({max(shown, 1)}, minmax(0, 1fr))"
 
     def model_choice(self) -> str:
         return self.path.value.strip() or self.preset.value
@@ -167,6 +199,9 @@ class PlanSection:
         return plan.world_size if self.dry.on else self.world_size()
 
     def revalidate(self) -> list[str]:
+        if self._fitting:
+            return []
+        self.fit_experts()
         plan, problems, spec, model_note = self.problems()
         label = plan.describe() if plan is not None else "?"
         fits = f"lays out on {plan.world_size} virtual ranks (dry run)" if self.dry.on and plan is not None \

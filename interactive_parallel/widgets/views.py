@@ -1,11 +1,11 @@
 """The panel's views: a Tab of live figures (loss, memory, communication, layout, pipeline,
-decoding, requests, quantization).
+decoding, requests, quantization, experts).
 
 Owns one FigureWidget per figure, built once and refreshed in place from the pure viz/
-functions, and when each is redrawn. Loss, memory, communication and pipeline come from the
-telemetry the Session already holds (`history`, `memory()`, `comms()`, `timeline()`: local
-reads, no remote call), so while the ranks train the loss and the open tab are redrawn as
-steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
+functions, and when each is redrawn. Loss, memory, communication, pipeline and experts (a
+mixture-of-experts model's routing) come from the telemetry the Session already holds
+(`history`, `memory()`, `comms()`, `timeline()`, `experts()`: local reads, no remote call), so
+while the ranks train the loss and the open tab are redrawn as steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
 The predicted memory beside the measured is `session.predict_memory()`, once per plan. The
 layout is `session.layout()` (a remote call, cached by the Session per applied plan): read once
 per plan, when its tab is open and the ranks are not busy. Decoding (tokens per step, KV cache
@@ -37,12 +37,12 @@ from ._common import Actions, SessionRef, button, css, describe_error, figure_wi
 from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
 
-TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization")
+TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization", "experts")
 """Each tab's name (its page's and message's CSS classes: ip-view-<name>, ip-<name>-message)."""
 TAB_TITLES = {"communication": "comms", "quantization": "quantized"}
 """Labels shorter than the name where the name is long; the others show their name."""
 TAB_CHARS = 9
-"""The longest label: eight labels this short side by side fit the views' column."""
+"""The longest label: nine labels this short side by side fit the views' column."""
 DRY_TABS = ("memory", "communication", "layout")
 """The tabs that draw a dry run's records in dry-run mode."""
 LIVE_INTERVAL_S = 0.5
@@ -85,11 +85,13 @@ class ViewsSection:
             ("ip-step-split-figure", viz.step_split_figure(None), 360),
             ("ip-request-timeline-figure", viz.request_timeline_figure(None), 380),
             ("ip-latency-figure", viz.latency_figure(None), 300),
-            ("ip-quantization-figure", viz.quantization_figure(None), 340))}
+            ("ip-quantization-figure", viz.quantization_figure(None), 340),
+            ("ip-expert-load-figure", viz.expert_load_figure(None), 320),
+            ("ip-tokens-moved-figure", viz.tokens_moved_figure(None), 320))}
         """CSS class -> FigureWidget (the browser test finds them by it; widgets/fit.py sizes them by it)."""
         (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
          self.pipeline, self.tokens_per_step, self.kv_memory, self.step_split, self.request_timeline, self.latency,
-         self.quantization) = self.figures.values()
+         self.quantization, self.expert_load, self.tokens_moved) = self.figures.values()
         self.messages = {t: css(W.HTML(), f"ip-{t}-message") for t in TABS}
         self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="100%")),
                          "ip-layout-param")
@@ -106,6 +108,7 @@ class ViewsSection:
                 grid_template_columns=SIDE_BY_SIDE)), self.timeline],
             "layout": [self.param, self.sharding, self.layout_table],
             "pipeline": [self.pipeline],
+            "experts": [self.expert_load, self.tokens_moved],
             "decoding": [self.tokens_per_step, self.kv_memory, self.step_split],
             "requests": [self.request_timeline, self.latency],
             "quantization": [self.quantization],
@@ -234,6 +237,19 @@ class ViewsSection:
         events = [e for e in self.session().timeline() if isinstance(e, PipelineEvent)]
         refresh(self.pipeline, viz.pipeline_figure(events))
         return "" if events else note("no pipeline events: Apply a plan with pp > 1 and Train")
+
+    def _draw_experts(self, force: bool = False) -> str:
+        s = self.session()
+        records = s.experts(1)
+        refresh(self.expert_load, viz.expert_load_figure(records))
+        hidden = s.spec.hidden_size if s.spec is not None else None
+        # the tokens each way are the residual stream's: fp32 (params are; autocast casts in the matmuls)
+        refresh(self.tokens_moved, viz.tokens_moved_figure(records, hidden_size=hidden, dtype_bytes=4))
+        if records:
+            return ""
+        if s.spec is None or s.spec.num_experts == 0:
+            return note(f"{'no model' if s.spec is None else 'a dense model'}: Load a mixture-of-experts model")
+        return note("no routing recorded yet: Train a step (Apply a plan with ep > 1 to move tokens)")
 
     def _draw_decoding(self, force: bool = False) -> str:
         steps = list(self.session().decoding())

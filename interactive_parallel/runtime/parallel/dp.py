@@ -30,7 +30,7 @@ def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None, comm_hook=No
     return ddp
 
 
-def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Module:
+def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module], ignored: set | None = None) -> nn.Module:
     """DDP semantics for models whose parameters are already DTensors (TP) or pipeline stages.
 
     DDP refuses DTensor parameters, and wrapping a pipeline stage in DDP fights the
@@ -42,6 +42,6 @@ def apply_replicate(model: nn.Module, mesh, layers: list[nn.Module]) -> nn.Modul
     from torch.distributed._composable.replicate_with_fsdp import replicate
 
     for layer in layers:
-        replicate(layer, mesh=mesh)
-    replicate(model, mesh=mesh)
+        replicate(layer, mesh=mesh, ignored_params=ignored)
+    replicate(model, mesh=mesh, ignored_params=ignored)
     return model

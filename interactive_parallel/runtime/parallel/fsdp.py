@@ -25,7 +25,7 @@ def mixed_precision(precision: str):
 
 
 def apply_fsdp(model: nn.Module, mesh, layers: list[nn.Module], *, precision: str = "fp32",
-               reshard_after_forward: bool = True) -> nn.Module:
+               reshard_after_forward: bool = True, ignored: set | None = None) -> nn.Module:
     """fully_shard each of `layers`, then `model` as the root unit, over `mesh`.
 
     FSDP2 averages gradients over the shard (and, under HSDP, replicate) ranks itself;
@@ -36,6 +36,6 @@ def apply_fsdp(model: nn.Module, mesh, layers: list[nn.Module], *, precision: st
 
     mp = mixed_precision(precision)
     for layer in layers:
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward, ignored_params=ignored)
     return model

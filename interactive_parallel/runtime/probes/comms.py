@@ -3,7 +3,8 @@
 Owns how ops are seen and counted. Each `c10d::*` op (ProcessGroup calls: DDP's bucket
 all-reduce from its C++ Reducer, FSDP2, pipeline send/recv, plain torch.distributed) and
 each `_c10d_functional::*` op (DTensor / TP) is given a Python kernel at the Autograd
-dispatch keys (AutogradCPU, AutogradCUDA) that notes the op and redispatches to the real
+dispatch keys (AutogradCPU, AutogradCUDA; the functional ops, which carry autograd formulas of
+their own, one key lower, at ADInplaceOrView) that notes the op and redispatches to the real
 one. Why there and not a TorchDispatchMode: a mode sees every aten op of the step in
 Python (a step then runs several times slower), these kernels run only for communication.
 Why not monkeypatching torch.distributed: FSDP2 and DTensor call lower layers directly.
@@ -53,10 +54,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...plan import MESH_ORDER, mesh_coords
+from ...plan import MESH_ORDER, axis_groups, expert_groups, mesh_coords
 from ...records import CommRecord
 from .clock import Clock, HostClock
-from .memory import storage_id
 
 KINDS = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce", "all_reduce": "all_reduce",
@@ -75,6 +75,11 @@ KINDS = {
 # Which argument holds the full-size buffer (see the module docstring).
 FULL_ARG = {"all_gather": "output", "reduce_scatter": "input", "all_to_all": "input"}
 KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
+# The functional ops have autograd formulas of their own (torch.library.register_autograd at the
+# Autograd key): a kernel at AutogradCPU would hide them, and a collective's output would leave
+# the graph (transformers' expert all-to-all did). Their kernels sit one key lower, where the
+# autograd formula has already run.
+FUNCTIONAL_KEYS = ("ADInplaceOrView",)
 
 _LOCK = threading.Lock()
 _ACTIVE: list["Ledger"] = []
@@ -137,6 +142,22 @@ class Ledger:
         self._axes[ranks] = name
         return name
 
+    def expert_axis(self, kind: str, ranks: tuple[int, ...]) -> str | None:
+        """'ep' for an all-to-all over this rank's ep group; 'ep_replica' for its expert replica
+        group where that is no mesh axis's group; None otherwise (expert parallelism rides on the
+        data-parallel ranks, so an ep group may be the dp group too: the op tells them apart)."""
+        if self.plan is None or getattr(self.plan, "ep", 1) <= 1 or len(ranks) < 2:
+            return None
+        if not hasattr(self, "_expert_groups"):
+            ep_groups, replicas = expert_groups(self.plan.mesh_shape, self.plan.ep)
+            self._expert_groups = ({tuple(g) for g in ep_groups}, {tuple(g) for g in replicas})
+        ep_groups, replicas = self._expert_groups
+        if kind == "all_to_all" and ranks in ep_groups:
+            return "ep"
+        if ranks in replicas and ranks not in {tuple(g) for a in MESH_ORDER for g in axis_groups(self.plan.mesh_shape, a)}:
+            return "ep_replica"
+        return None
+
     def _group(self, pg) -> tuple[tuple[int, ...], bool]:
         try:
             ranks = tuple(dist.get_process_group_ranks(pg))
@@ -175,7 +196,8 @@ class Ledger:
     def _add(self, kind, nbytes, ts, ranks, is_default, peer) -> CommRecord:
         rec = CommRecord(rank=self.rank, step=self.step, op=kind, bytes=int(nbytes),
                          dtype=str(ts[0].dtype).replace("torch.", "") if ts else "",
-                         axis=self.axis_of(ranks, is_default), group=list(ranks), peer=peer)
+                         axis=self.expert_axis(kind, ranks) or self.axis_of(ranks, is_default), group=list(ranks),
+                         peer=peer)
         self._marks[id(rec)] = (self.clock.mark(), [])
         self.records.append(rec)
         return rec
@@ -248,7 +270,7 @@ class Ledger:
 
 def _kernel(op, short: str, functional: bool):
     kind = KINDS.get(short, short)
-    after = torch._C._after_autograd_keyset
+    after = torch._C._after_ADInplaceOrView_keyset if functional else torch._C._after_autograd_keyset
 
     def kernel(keyset, *args, **kwargs):
         nested = getattr(_NESTED, "depth", 0)
@@ -262,7 +284,7 @@ def _kernel(op, short: str, functional: bool):
             return op.redispatch(keyset & after, *args, **kwargs)
         if short == "wait_tensor":
             out = op.redispatch(keyset & after, *args, **kwargs)
-            rec = ledger._functional.pop(storage_id(args[0]), None) if args else None
+            rec = ledger._functional.pop(_pending_id(args[0]), None) if args else None
             if rec is not None:
                 ledger.finish(rec)
             return out
@@ -281,13 +303,20 @@ def _kernel(op, short: str, functional: bool):
             _NESTED.depth = 0
         if functional:
             for t in _tensors(out):
-                ledger._functional[storage_id(t)] = rec
+                ledger._functional[_pending_id(t)] = rec
         else:
             work = out[-1] if isinstance(out, tuple) else out
             ledger.issued(rec, work, blocking=bound.get("async_op") is False)
         return out
 
     return kernel
+
+
+def _pending_id(t: torch.Tensor) -> int:
+    """The storage object under a functional collective's output: the same when wait_tensor gets
+    it, and readable before the op has finished (its data pointer need not be: transformers'
+    autograd all_to_all hands back such a tensor)."""
+    return t.untyped_storage()._cdata
 
 
 def set_before(hook) -> None:
@@ -356,7 +385,7 @@ def install() -> None:
                     op = getattr(getattr(packet, short, None), "default", None)
                     if op is None:
                         continue
-                    for key in KEYS:
+                    for key in (FUNCTIONAL_KEYS if functional else KEYS):
                         lib.impl(short, _kernel(op, short, functional), key, with_keyset=True)
         except BaseException:
             while _LIBS:  # half a ledger would be a wrong one: none at all
