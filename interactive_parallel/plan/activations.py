@@ -17,7 +17,7 @@ first block's backward, with that block's recomputed set live (and under a pipel
 schedule, whose backwards run inside the step's autocast region, the weight copies the
 recomputation makes stay cached). What differs between families is data in
 plan.models.FamilyInfo (norm_saves, mlp_saves, rotary_path, position_embedding_path, the
-tp_plan's colwise linears).
+tp_plan's colwise linears; a mixture-of-experts block, ExpertsInfo: see moe_saves).
 
 "Activations" means what the memory probe measures (runtime/probes/memory.py): on CPU the
 peak of live bytes saved for backward, parameters excluded, each storage counted once. So
@@ -105,7 +105,9 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     norms += tokens * _head_norm_saves(spec, tp_attn) * FP32
     # The input of the attention and of the MLP (whole sequence: SP gathers it): fp32, one
     # tensor read by every input linear; under autocast a cast copy for each of them.
-    copies = [1, 1] if a == FP32 else [_colwise(spec, fam.attention_path), _colwise(spec, fam.mlp_path)]
+    # (A mixture of experts: the router's linear is the MLP's one input linear.)
+    mlp_inputs = 1 if fam.experts is not None else _colwise(spec, fam.mlp_path)
+    copies = [1, 1] if a == FP32 else [_colwise(spec, fam.attention_path), mlp_inputs]
     inputs = sum(copies) * tokens * h * a
     # SDPA keeps q, k, v, its output and the log-sum-exp per head (fp32).
     attention = tokens * (2 * q // tp_attn * a + spec.num_heads // tp_attn * FP32)
@@ -115,8 +117,40 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     else:
         attention += tokens * 2 * kv // tp_attn * a
     attention += tokens * _fused_view(spec) // tp_attn * a
-    mlp = fam.mlp_saves * tokens * i // tp_mlp * a
+    mlp = fam.mlp_saves * tokens * i // tp_mlp * a if fam.experts is None else moe_saves(spec, plan, tokens)
     return Parts(norms=norms, linear_inputs=inputs, attention=attention, mlp=mlp)
+
+
+def moe_saves(spec: ModelSpec, plan: Plan, tokens: int) -> int:
+    """Bytes one mixture-of-experts block saves for one forward of `tokens` tokens on this rank
+    (its input is counted with the linears' inputs), at uniform routing.
+
+    The router (whole batch on every tp rank): its softmax's fp32 probabilities (tokens x
+    experts) and the top-k ids (int64). The experts (transformers' grouped_mm forward, on the
+    (token, slot) pairs sorted by expert): the sort's permutation, the gather index and the
+    inverse permutation (int64 each), the per-expert offsets (int32), the gathered inputs
+    (pairs x hidden), the gate|up output (2 x width), the activation and the product (width
+    each), the routing weights and the down projection's output (the weights multiply it).
+    All fp32: grouped_mm is not autocast, it computes in the fp32 weights' dtype.
+    Under ep (transformers' AllToAllEP) the sender keeps the argsort of its pairs and their
+    gather index, the combined outputs (pairs x hidden) and the top-k weights they are scaled
+    by; under tp each tp rank sends its 1/tp slice of the tokens. The experts run top-1 on what
+    they receive (as many pairs as sent at uniform load) with unit weights, which do not need
+    the down output, and keep a mask of the padding rows (bool).
+    Not counted: the renormalization of the top-k weights (Mixtral's, Qwen3-MoE's with
+    norm_topk_prob), (k + 1) fp32 per token.
+    """
+    ex, k, n = spec.family_info.experts, spec.experts_per_token, spec.num_experts
+    h, width = spec.hidden_size, ex.expert_width
+    router = tokens * (n * FP32 + k * INT64)
+    per_pair = (h + 4 * width + 1) * FP32  # gathered input, gate|up, activation, product, weight
+    if plan.ep <= 1:
+        pairs = tokens * k
+        return router + pairs * (3 * INT64 + per_pair + h * FP32) + n * 4
+    sent = tokens // plan.tp * k
+    received = sent
+    sender = sent * (2 * INT64 + FP32 + h * FP32)
+    return router + sender + received * (1 + 2 * INT64 + per_pair) + n // plan.ep * 4
 
 
 def _split(spec: ModelSpec, plan: Plan, module: str) -> int:
@@ -266,6 +300,8 @@ def weight_elements(spec: ModelSpec, plan: Plan, rank: int, last: bool) -> int:
     fam = spec.family_info
     head = f"{fam.embedding_path if spec.tied_embeddings else fam.lm_head_path}.weight"
     leaves = {f"{path}.weight" for path in fam.linears}
+    if fam.experts is not None:  # the router is a linear too (the experts' grouped_mm is not autocast)
+        leaves.add(f"{fam.experts.router_path}.weight")
     gathered = plan.replace(dp=plan.dp * plan.fsdp, fsdp=1)
     total = 0
     for p, held, _ in local_tensors(spec, gathered, rank):

@@ -15,7 +15,7 @@ numbers to them (exactly for params/grads/optimizer, within 10% for activations)
 from __future__ import annotations
 
 from ..records import CommEstimate, MemoryRecord
-from .activations import predict_activations
+from .activations import INT64, micro_rows, predict_activations
 from .axes import MeshAxis, mesh_coords
 from .inventory import ParamInfo, chunk, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
@@ -40,9 +40,12 @@ def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
 
 
 def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
-    """(held bytes, storage bytes) per FSDP / replicate unit of `rank`: each decoder layer, then the rest."""
+    """(held bytes, storage bytes) per FSDP / replicate unit of `rank`: each decoder layer, then the rest
+    (under ep without the expert weights, which neither FSDP nor replicate holds)."""
     units: dict[object, list[int]] = {}
     for p, held, storage in local_tensors(spec, plan, rank):
+        if p.expert and plan.ep > 1:
+            continue
         u = units.setdefault(p.layer if p.owner == "layer" else "root", [0, 0])
         u[0] += held * FP32
         u[1] += storage * FP32
@@ -63,7 +66,7 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     microbatch; CP all-gathers K and V per layer and all-reduces their gradients. Activation
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
     'full', CP's gathers under both modes. Sequence parallel is not modelled (its traffic is
-    counted as the plain TP all-reduces).
+    counted as the plain TP all-reduces). Expert parallelism: see _expert_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     acc, out = plan.grad_accum, []
@@ -106,6 +109,42 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
         gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)
         add("all_gather", "cp", gathers, gathers * kv)
         add("all_reduce", "cp", (2 * layers + 1) * acc, 2 * layers * acc * kv)
+    for op, axis, count, nbytes in _expert_comms(spec, plan, rank, layers):
+        add(op, axis, count, nbytes)
+    return out
+
+
+def _expert_comms(spec: ModelSpec, plan: Plan, rank: int, layers: int) -> list[tuple[str, str, int, int]]:
+    """(op, axis, count, bytes) per step of expert parallelism on `rank` holding `layers` MoE layers,
+    at uniform routing (each rank's experts receive as many (token, slot) pairs as it sends).
+
+    Per MoE layer and forward (runtime.parallel.ep, transformers' AllToAllEP) on the ep group:
+    one all_to_all of the per-expert counts (int64, num_experts), the dispatch of this rank's
+    pairs (its tokens, its 1/tp slice under tp, times top_k, x hidden, fp32: the experts compute
+    in their fp32 weights' dtype under autocast too) and the combine of as many back; backward
+    runs the two token all-to-alls in reverse. Recomputation (either mode: all_to_all is not
+    among the saved ops) repeats the forward ones. Under tp the output is all-gathered over tp
+    (forward) and so are the row gradients of the input and of the top-k weights (backward).
+    After backward one all_reduce of the flat expert gradients over the replica group (the ranks
+    holding the same experts: the expert replicas times tp), when it has more than one rank.
+    """
+    if plan.ep <= 1 or spec.family_info.experts is None or not layers:
+        return []
+    forwards = plan.grad_accum * (plan.n_microbatches if plan.pp > 1 else 1)
+    again = 2 if plan.recompute != "none" else 1
+    tokens = micro_rows(plan) * plan.seq_len // plan.cp
+    pairs = tokens // plan.tp * spec.experts_per_token
+    h = spec.hidden_size
+    passes = layers * forwards
+    out = [("all_to_all", "ep", passes * (3 * again + 2),
+            passes * (again * (spec.num_experts * INT64 + 2 * pairs * h * FP32) + 2 * pairs * h * FP32))]
+    if plan.tp > 1:
+        fwd = 2 if plan.recompute == "full" else 1
+        out.append(("all_gather", "tp", passes * (fwd + 2),
+                    passes * (fwd * tokens * h + tokens * (h + spec.experts_per_token)) * FP32))
+    if plan.expert_replicas * plan.tp > 1:
+        grads = sum(held for p, held, _ in local_tensors(spec, plan, rank) if p.expert) * FP32
+        out.append(("all_reduce", "ep_replica", 1, grads))
     return out
 
 

@@ -7,7 +7,10 @@ Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight Shard(1), Co
 weight Shard(0), bias replicated) and replicates norms, embeddings and the LM head; PP
 gives each rank its stages (loop order) plus embeddings (first stage) and norm/head (last
 stage; a tied head is the embedding, held by both); FSDP2 shards dim 0 of each (TP-local)
-tensor with torch.chunk sizes and pads every shard to the largest one.
+tensor with torch.chunk sizes and pads every shard to the largest one. A mixture-of-experts
+block's stacked expert weights ([experts, ...], the family's ExpertsInfo) stay whole under tp;
+under ep each rank holds its num_experts / ep of them, kept out of FSDP (runtime.parallel.ep);
+with ep = 1 they are ordinary parameters, FSDP shards their dim 0 (the experts) like any other.
 
 The memory model (plan.estimate), the activation model (plan.activations) and the rank
 classes of the dry run (plan.virtual) all read it. Pure Python: knows no torch, and nothing
@@ -34,6 +37,8 @@ class ParamInfo:
     owner: str
     """'embed', 'head' or 'layer' (with `layer` set): decides the pipeline stage."""
     layer: int | None = None
+    expert: bool = False
+    """A stacked expert weight (dim 0: the experts), which ep splits."""
 
 
 def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
@@ -80,8 +85,12 @@ def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
     if fam.position_embedding_path:
         out.append(ParamInfo(f"{fam.position_embedding_path}.weight", (spec.max_positions, h), None, "embed"))
     block = _block_params(spec)
+    experts = [(f"{fam.experts.experts_path}.{leaf}", (spec.num_experts, *shape))
+               for leaf, shape in fam.experts.expert_params.items()] if fam.experts else []
     for layer in range(spec.num_layers):
         out += [ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, dim, "layer", layer) for rel, shape, dim in block]
+        out += [ParamInfo(f"{fam.layers_path}.{layer}.{rel}", shape, None, "layer", layer, expert=True)
+                for rel, shape in experts]
     out += [ParamInfo(name, shape, None, "head") for name, shape, _ in _norm_params(spec, [fam.final_norm_path])]
     if not spec.tied_embeddings:
         out.append(ParamInfo(f"{fam.lm_head_path}.weight", (v, h), None, "head"))
@@ -117,7 +126,8 @@ def shard_group(plan: Plan, coords: dict[MeshAxis, int]) -> tuple[int, int]:
 def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInfo, int, int]]:
     """(param, elements held, elements of its storage) for each tensor rank `rank` trains.
 
-    Storage differs from elements only under FSDP, which pads every shard to the largest.
+    Storage differs from elements only under FSDP, which pads every shard to the largest. Under
+    ep an expert weight holds this rank's experts whole (FSDP does not shard it).
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     f_size, f_index = shard_group(plan, coords)
@@ -129,7 +139,9 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
         if p.tp_dim is not None and plan.tp > 1:
             shape[p.tp_dim] = chunk(shape[p.tp_dim], plan.tp, coords[MeshAxis.TP])
         rest = math.prod(shape[1:])
-        if f_size > 1:
+        if p.expert and plan.ep > 1:
+            held = storage = shape[0] // plan.ep * rest
+        elif f_size > 1:
             held = chunk(shape[0], f_size, f_index) * rest
             storage = -(-shape[0] // f_size) * rest
         else:
