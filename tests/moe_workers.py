@@ -11,20 +11,23 @@ from interactive_parallel.records import GenerateOptions
 BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
             eos_token_id=2)
-MOE = {"mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-       "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48)}
+MOE = {"mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2),
+       "qwen3_moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48),
+       # the router's load-balancing loss on, at a weight that moves the gradients
+       "mixtral_aux": dict(model_type="mixtral", num_local_experts=4, num_experts_per_tok=2,
+                           output_router_logits=True, router_aux_loss_coef=0.05)}
 PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5="]
 
 
-def config_of(model_type: str) -> dict:
-    return dict(BASE, model_type=model_type, **MOE[model_type])
+def config_of(name: str) -> dict:
+    return dict(BASE, **MOE[name])
 
 
-def spec_of(model_type: str):
+def spec_of(name: str):
     from interactive_parallel.plan.models import spec_from_config_dict
     from interactive_parallel.runtime.families import with_facts
 
-    return with_facts(spec_from_config_dict(config_of(model_type), name=f"tiny-{model_type}"))
+    return with_facts(spec_from_config_dict(config_of(name), name=f"tiny-{name}"))
 
 
 def train_group(rank: int, configs: list[tuple[str, str, dict]], steps: int) -> dict:

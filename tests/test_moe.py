@@ -7,7 +7,10 @@ tp (attention split, experts whole), pp (1F1B and interleaved), cp, full recompu
 routing records are checked for what they must be whatever the router did: every (token, slot)
 pair processed once, a rank's received counts are its peers' sent counts, the experts held
 split the layer's experts. The comm ledger shows the dispatch and combine all-to-alls on the ep
-axis. Greedy generation under ep gives the tokens it gives under dp. Bad input is refused
+axis. The router's load-balancing loss, where the config turns it on, is taken over the whole
+batch (not per rank) and matches one process too; with grad_accum > 1 it is taken per
+micro-step, whose rows differ between layouts (runtime.router_loss), so that case is not a
+parity case. Greedy generation under ep gives the tokens it gives under dp. Bad input is refused
 before any rank exists.
 """
 from __future__ import annotations
@@ -31,7 +34,9 @@ PLANS_4 = {"dp4-ep4": dict(dp=4, ep=4), "dp2xtp2-ep2": dict(dp=2, tp=2, ep=2),
            "pp2xdp2-ep2-interleaved": dict(pp=2, dp=2, ep=2, pp_schedule="interleaved-1f1b"),
            "fsdp2xtp2-ep2": dict(fsdp=2, tp=2, ep=2), "dp4-ep2-recompute": dict(dp=4, ep=2, recompute="full"),
            "dp4-ep4-bf16": dict(dp=4, ep=4, precision="bf16")}
-FAMILIES = tuple(M.MOE)
+FAMILIES = ("mixtral", "qwen3_moe")
+AUX_PLANS = {"dp2-ep2": dict(dp=2, ep=2), "tp2": dict(tp=2), "cp2-ep2": dict(cp=2, ep=2), "fsdp2": dict(fsdp=2),
+             "dp2-ep2-recompute": dict(dp=2, ep=2, recompute="full")}
 
 
 def _tols(fields):
@@ -81,6 +86,25 @@ def test_a_model_mixing_dense_and_expert_blocks_is_refused_with_the_reason():
         with_facts(spec_from_config_dict(config, name="mixed"))
 
 
+@pytest.mark.rank1
+def test_the_router_loss_is_transformers_own_on_one_process():
+    import torch
+
+    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.parallelize import parallelize
+
+    spec = M.spec_of("mixtral_aux")
+    par = parallelize(spec, Plan(**SMALL))
+    ids = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(0))
+    out = par.raw(ids, output_router_logits=True)  # the hooks keep this forward's logits too
+    ours = par.router_logits.take(None)
+    want = float(out.aux_loss.detach())
+    assert abs(float(ours.detach()) - 0.05 * want) < 1e-7 and want > 1.0
+    with pytest.raises(PlanError, match="output_router_logits"):
+        check(Plan(pp=2), 2, spec)
+    state.get().reset_model()
+
+
 # ---- parity, routing, comms ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -90,6 +114,8 @@ def results():
     out = {}
     for world, plans in ((2, PLANS_2), (4, PLANS_4)):
         configs = [(f"{m}-{label}", m, dict(SMALL, **fields)) for m in FAMILIES for label, fields in plans.items()]
+        if world == 2:
+            configs += [(f"mixtral_aux-{label}", "mixtral_aux", dict(SMALL, **f)) for label, f in AUX_PLANS.items()]
         for rank, part in enumerate(run_ranks(M.train_group, world, configs, STEPS, timeout_s=600)):
             for label, got in part.items():
                 mine = out.setdefault(label, {"ranks": {}})
@@ -100,10 +126,12 @@ def results():
 
 
 CASES = [(m, label, fields) for m in FAMILIES for plans in (PLANS_2, PLANS_4) for label, fields in plans.items()]
+AUX_CASES = [("mixtral_aux", label, fields) for label, fields in AUX_PLANS.items()]
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("model_type, label, fields", CASES, ids=[f"{m}-{label}" for m, label, _ in CASES])
+@pytest.mark.parametrize("model_type, label, fields", CASES + AUX_CASES,
+                         ids=[f"{m}-{label}" for m, label, _ in CASES + AUX_CASES])
 def test_every_expert_layout_matches_one_process(results, model_type, label, fields):
     ref = W.reference(M.spec_of(model_type), dict(SMALL, **fields), STEPS)
     got = results[f"{model_type}-{label}"]

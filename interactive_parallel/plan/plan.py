@@ -339,6 +339,9 @@ def _expert_problems(plan: Plan, spec: ModelSpec) -> list[str]:
         problems.append(f"num_experts_per_tok({top_k}) > num_experts({experts})")
     if plan.ep > 1 and experts % plan.ep:
         problems.append(f"ep({plan.ep}) does not divide num_experts({experts})")
+    if plan.pp > 1 and spec.config.get("output_router_logits"):
+        problems.append(f"pp({plan.pp}) with output_router_logits: the router loss is taken over every layer's "
+                        "rows at once, and pipeline stages hold different layers (turn one of them off)")
     if plan.sequence_parallel and plan.tp > 1:
         problems.append(f"sequence_parallel with tp({plan.tp}) on {spec.name}'s expert layers is not laid out: "
                         "the experts take whole sequences (turn sequence_parallel off)")

@@ -28,7 +28,19 @@ Where a simulated rank departs from a live one, and why:
   ids, positions, index arithmetic) when the step calls the transformers model's own forward:
   transformers reads such values to choose its path (packed sequences, whether the causal
   mask can be skipped) and must choose as it does live. Pipeline stages and context
-  parallel run runtime.parallel.pp's StageModule, which reads none, without it.
+  parallel run runtime.parallel.pp's StageModule, which reads none, without it;
+- mixture of experts: routing is assumed uniform. Fake tensors hold no expert ids, so a live
+  rank's data-dependent steps (the routing counter's bincount, AllToAllEP reading its split
+  sizes back from the exchanged counts) have nothing to read: the counter is put in its
+  uniform mode (runtime.parallel.ep: every expert gets an even share of the (token, slot)
+  pairs, each ep peer an even share of a rank's, the remainder spread deterministically), and
+  the same all-to-alls (counts, dispatch, combine, and their backward) are issued with those
+  sizes. A live run's all-to-all bytes and activations differ from these by its routing's
+  imbalance; parameters, gradients, optimizer state and the collectives issued do not;
+- transformers' grouped_mm experts call torch's grouped_mm, whose meta kernel takes bf16
+  only: inside a simulated rank they take transformers' own fallback op
+  (torch.ops.transformers.grouped_mm_fallback, which has a fake kernel) instead
+  (`_grouped_mm_fallback`, restored after).
 Knows nothing of ipyparallel or the client; imported lazily (it imports torch).
 """
 from __future__ import annotations
@@ -42,7 +54,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..plan import ModelSpec, Plan, check, mesh_coords
+from ..plan import ModelSpec, Plan, check, expert_coords, mesh_coords
 from ..plan.virtual import DryRun, Simulated, rank_classes
 from ..records import ShardRecord
 from .data import reuse_batches
@@ -59,6 +71,8 @@ def move_shards(sim: Simulated, rank: int, plan: Plan) -> list[ShardRecord]:
 
     named = {a.value: c for a, c in mesh_coords(rank, plan.mesh_shape).items()}
     shown = {a: v for a, v in named.items() if getattr(plan, a) > 1}
+    if plan.ep > 1:  # the experts' mesh (runtime.parallel.ep: pp, replica, ep, tp)
+        named["replica"], named["ep"] = expert_coords(rank, plan.mesh_shape, plan.ep)
     out = []
     for s in sim.shards:
         if s.param not in sim.placements:
@@ -76,7 +90,7 @@ def _flat_coordinate(name: str, coords: dict[str, int], plan: Plan) -> int:
     """A rank's index along a mesh dim, flattened dims ('dp_cp') included."""
     out = 0
     for axis in name.split("_"):
-        out = out * getattr(plan, axis) + coords[axis]
+        out = out * (plan.expert_replicas if axis == "replica" else getattr(plan, axis)) + coords[axis]
     return out
 
 
@@ -163,6 +177,21 @@ def _ddp_hook(group, bucket):
     return done
 
 
+@contextlib.contextmanager
+def _grouped_mm_fallback():
+    """transformers' grouped_mm experts forward on its fallback op, for as long as this lasts:
+    `transformers.integrations.moe._can_use_grouped_mm` answers no (torch's grouped_mm has no
+    fp32 meta kernel; the fallback op has a fake kernel for every dtype). Restored after."""
+    from transformers.integrations import moe
+
+    before = moe._can_use_grouped_mm
+    moe._can_use_grouped_mm = lambda *args, **kwargs: False
+    try:
+        yield
+    finally:
+        moe._can_use_grouped_mm = before
+
+
 def _placements(par) -> dict[str, tuple[tuple[str, ...], tuple[int, ...], tuple]]:
     from torch.distributed.tensor import DTensor
 
@@ -205,12 +234,15 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
                           ddp_hook=_ddp_hook)
         if par.schedule is not None:
             _answer_vote(par.schedule)
+        if par.routing is not None:
+            par.routing.uniform = True  # fake ids: routing assumed uniform (runtime.parallel.ep)
         optimizer = make_optimizer(par)
         # Only transformers' own forward reads index values (pipeline stages and context
         # parallel run runtime.parallel.pp's StageModule, which does not): the mode slows
         # every op it sees, so it is left off where nothing needs it.
         reads_values = par.schedule is None and par.cp_model is None
-        with fake_mode, (_RealWhereReal() if reads_values else contextlib.nullcontext()):
+        experts = _grouped_mm_fallback() if spec.family_info.experts is not None else contextlib.nullcontext()
+        with experts, fake_mode, (_RealWhereReal() if reads_values else contextlib.nullcontext()):
             for step in range(steps):
                 rec = train_step(par, optimizer, step, rank=rank)
         shards = probes.shard_records(par, rank)

@@ -85,6 +85,15 @@ def _flat(mesh, axes: list[str]):
     return name, mesh[tuple(axes)]._flatten(name)
 
 
+def data_group(plan: Plan, mesh):
+    """The group of the ranks that see different rows of the batch at this rank's tp and pp
+    coordinates (dp, fsdp and cp folded), or None when there are none."""
+    if mesh is None:
+        return None
+    _, flat = _flat(mesh, [a for a in ("dp", "fsdp", "cp") if getattr(plan, a) > 1])
+    return flat.get_group() if flat is not None else None
+
+
 def data_parallel_meshes(plan: Plan, mesh):
     """(shard mesh or None, replicate mesh or None) for gradient sync over dp, fsdp and cp.
 

@@ -56,6 +56,18 @@ class Parallelized:
     """Under ep: the expert weights (kept out of FSDP / replicate; their gradients synced here)."""
     expert_group: Any = None
     """Under ep: the ranks holding this rank's experts (None: no other)."""
+    router_logits: Any = None
+    """The router logits the config's load-balancing loss reads (runtime.router_loss), or None."""
+
+    def with_router_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` plus the routers' load-balancing loss over the whole batch, when the config asks
+        for it (a collective over the data-parallel ranks), scaled as `loss` is by grad_accum."""
+        if self.router_logits is None:
+            return loss
+        from .mesh import data_group
+
+        aux = self.router_logits.take(data_group(self.plan, self.mesh))
+        return loss if aux is None else loss + aux / self.plan.grad_accum
 
     @property
     def data_index(self) -> int:

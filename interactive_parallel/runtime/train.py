@@ -112,7 +112,7 @@ def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
         logits = par.model(ids, position_ids=pos)
     # Each cp rank's mean is over its own tokens; the replicate/FSDP wrapper averages the
     # gradients over cp ranks, which makes them those of the whole sequence's mean.
-    loss = token_loss(logits, targets) / par.plan.grad_accum
+    loss = par.with_router_loss(token_loss(logits, targets) / par.plan.grad_accum)
     (scaler.scale(loss) if scaler else loss).backward()
     value = loss.detach().clone()
     dist.all_reduce(value, group=par.group(MeshAxis.CP))
@@ -135,7 +135,7 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
         with no_sync(par, last=i == len(micro) - 1):
             with autocast(plan, par.device):
                 logits = par.forward_logits(mb[:, :-1])
-            loss = token_loss(logits, mb[:, 1:]) / plan.grad_accum
+            loss = par.with_router_loss(token_loss(logits, mb[:, 1:]) / plan.grad_accum)
             (scaler.scale(loss) if scaler else loss).backward()
         total += scalar(loss)
     par.finish_grads()

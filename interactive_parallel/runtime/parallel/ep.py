@@ -15,8 +15,12 @@ that also keeps what it moved. Also owns:
 - the routing counts of a step (RoutingCounter -> records.ExpertRecord): per MoE layer, the
   tokens this rank's tokens chose of every expert, the (token, slot) pairs each local
   expert processed, and those sent to and received from every ep peer.
-transformers' EP code is used as it is; only the counting is ours. Knows nothing of the
-training loop, of records' transport or of the client.
+transformers' EP code is used as it is; only the counting is ours. One mode departs from it, for
+the dry run (runtime/dryrun.py, whose fake tensors hold no ids to count): with the counter's
+`uniform` set, routing is assumed uniform: the counts are the even split of the (token, slot)
+pairs computed from shapes (`spread`) and the all-to-alls are issued with those split sizes
+(the same three calls: counts, dispatch, combine). Knows nothing of the training loop, of
+records' transport or of the client.
 """
 from __future__ import annotations
 
@@ -33,13 +37,24 @@ from ..mesh import cached
 IMPLEMENTATION = "interactive_parallel_counted"
 
 
+def spread(total: int, parts: int, first: int = 0) -> list[int]:
+    """`total` split over `parts` as evenly as whole numbers go, the remainder one each to the
+    parts from `first` on, cyclically (a sender starting at its own index: every part then
+    receives as many in all as it sends)."""
+    base, extra = divmod(total, parts)
+    return [base + int((i - first) % parts < extra) for i in range(parts)]
+
+
 class RoutingCounter:
     """The routing counts of the forwards since the last `take`, per MoE layer index."""
 
+    uniform = False
+    """Routing assumed uniform (the dry run): counts from shapes, not ids; the all-to-alls' split sizes too."""
+
     def __init__(self, num_experts: int, held: dict[int, list[int]], ep_group: list[int], tp_rank: int):
         self.num_experts, self.held, self.ep_group, self.tp_rank = num_experts, held, ep_group, tp_rank
-        self._routed: dict[int, torch.Tensor] = {}
-        self._processed: dict[int, torch.Tensor] = {}
+        self._routed: dict[int, list[int]] = {}
+        self._processed: dict[int, list[int]] = {}
         self._moved: dict[int, list[list[int]]] = {}
 
     @staticmethod
@@ -48,17 +63,21 @@ class RoutingCounter:
         same tokens again and is not counted twice."""
         return torch._C._current_graph_task_id() == -1
 
+    def _counts(self, ids: torch.Tensor, n: int) -> list[int]:
+        """Per-expert counts of `ids` among `n` experts (uniform: the even split of their number)."""
+        if self.uniform:
+            return spread(ids.numel(), n)
+        return torch.bincount(ids.reshape(-1).to(torch.long), minlength=n).cpu()[:n].tolist()
+
     def routed(self, layer: int, top_k_index: torch.Tensor) -> None:
         if self.counting():
-            counts = torch.bincount(top_k_index.reshape(-1).to(torch.long), minlength=self.num_experts).cpu()
-            self._routed[layer] = self._routed.get(layer, 0) + counts[: self.num_experts]
+            self._routed[layer] = _added(self._routed.get(layer), self._counts(top_k_index, self.num_experts))
 
     def processed(self, layer: int, local_ids: torch.Tensor, sent: list[int], received: list[int]) -> None:
         if self.counting():
-            counts = torch.bincount(local_ids.reshape(-1).to(torch.long), minlength=len(self.held[layer])).cpu()
-            self._processed[layer] = self._processed.get(layer, 0) + counts
+            self._processed[layer] = _added(self._processed.get(layer), self._counts(local_ids, len(self.held[layer])))
             before = self._moved.get(layer, [[0] * len(sent), [0] * len(received)])
-            self._moved[layer] = [[a + b for a, b in zip(before[0], sent)], [a + b for a, b in zip(before[1], received)]]
+            self._moved[layer] = [_added(before[0], sent), _added(before[1], received)]
 
     def take(self, step: int, rank: int) -> list[ExpertRecord]:
         out = []
@@ -79,8 +98,16 @@ class RoutingCounter:
         return out
 
 
+def _added(before: list[int] | None, counts: list[int]) -> list[int]:
+    return list(counts) if before is None else [a + b for a, b in zip(before, counts)]
+
+
 def _register() -> None:
-    from transformers.distributed.expert_parallel import AllToAllEP, EPImplementationInterface
+    from torch.distributed import all_to_all_single
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from transformers.distributed.expert_parallel import (AllToAllEP, EPImplementationInterface, _AllToAllState,
+                                                          _WaitTensor)
 
     if IMPLEMENTATION in EPImplementationInterface._global_mapping:
         return
@@ -94,9 +121,38 @@ def _register() -> None:
             self.counter: RoutingCounter = experts._ip_counter
 
         def _dispatch_tokens(self, hidden_states, top_k_index, top_k_weights):
-            tokens, expert_ids, weights, state = super()._dispatch_tokens(hidden_states, top_k_index, top_k_weights)
+            dispatch = self._uniform_dispatch if self.counter.uniform else super()._dispatch_tokens
+            tokens, expert_ids, weights, state = dispatch(hidden_states, top_k_index, top_k_weights)
             self.counter.processed(self.layer, expert_ids, state.send_sizes, state.recv_sizes)
             return tokens, expert_ids, weights, state
+
+        def _uniform_dispatch(self, hidden_states, top_k_index, top_k_weights):
+            """AllToAllEP._dispatch_tokens with routing assumed uniform: the same collectives (counts,
+            then tokens) with split sizes from shapes (`spread`), none read back from the counts."""
+            num_tokens = hidden_states.size(0)
+            if self.tp_mesh.size() > 1:
+                hidden_states, top_k_index, top_k_weights = (
+                    DTensor.from_local(t, self.tp_mesh, [Replicate()], run_check=False)
+                    .redistribute(self.tp_mesh, [Shard(0)]).to_local()
+                    for t in (hidden_states, top_k_index, top_k_weights))
+            group, ep, me, local = self.ep_mesh.get_group(), self.ep_mesh.size(), self.ep_mesh.get_local_rank(), \
+                self.num_local_experts
+            expert_ids = top_k_index.reshape(-1)
+            order = torch.argsort(expert_ids)
+            send_tokens = hidden_states[order // top_k_index.size(-1)]
+            pairs = expert_ids.numel()  # every peer of the ep group holds as many (the same shapes)
+            send_sizes = spread(pairs, ep, first=me)
+            recv_sizes = [spread(pairs, ep, first=peer)[me] for peer in range(ep)]
+            device = hidden_states.device
+            send_counts = torch.tensor([c for n in send_sizes for c in spread(n, local)], device=device).view(ep, local)
+            all_to_all_single(torch.empty_like(send_counts), send_counts, group=group)
+            recv_tokens = _WaitTensor.apply(all_to_all_single_autograd(send_tokens, recv_sizes, send_sizes, group))
+            per_expert = torch.tensor([c for n in recv_sizes for c in spread(n, local)], device=device)
+            recv_ids = torch.arange(local, device=device).repeat(ep).repeat_interleave(
+                per_expert, output_size=sum(recv_sizes)).unsqueeze(-1)
+            weights = torch.ones_like(recv_ids, dtype=recv_tokens.dtype)
+            return recv_tokens, recv_ids, weights, _AllToAllState(top_k_weights, order, send_sizes, recv_sizes,
+                                                                  num_tokens)
 
     EPImplementationInterface.register(IMPLEMENTATION, CountedAllToAll)
 
@@ -180,7 +236,10 @@ def sync_expert_grads(params: list[nn.Parameter], group, data_ranks: int) -> Non
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     if group is not None:
-        dist.all_reduce(flat, group=group)
+        from ..probes.comms import labelled
+
+        with labelled("ep_replica"):
+            dist.all_reduce(flat, group=group)
     flat /= data_ranks
     offset = 0
     for g in grads:

@@ -48,13 +48,14 @@ TORCH_NCCL_ENABLE_TIMING set for the whole process and gives a length, not a pla
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ...plan import MESH_ORDER, axis_groups, expert_groups, mesh_coords
+from ...plan import MESH_ORDER, expert_groups, mesh_coords
 from ...records import CommRecord
 from .clock import Clock, HostClock
 
@@ -88,6 +89,7 @@ _ORIG_WAIT: list = []
 _ORIG_COALESCING: list = []
 _BEFORE: list = []
 _NESTED = threading.local()
+_LABEL = threading.local()
 _EXPECTED: list[torch.device] = []
 
 
@@ -143,20 +145,13 @@ class Ledger:
         return name
 
     def expert_axis(self, kind: str, ranks: tuple[int, ...]) -> str | None:
-        """'ep' for an all-to-all over this rank's ep group; 'ep_replica' for its expert replica
-        group where that is no mesh axis's group; None otherwise (expert parallelism rides on the
-        data-parallel ranks, so an ep group may be the dp group too: the op tells them apart)."""
-        if self.plan is None or getattr(self.plan, "ep", 1) <= 1 or len(ranks) < 2:
+        """'ep' for an all-to-all over this rank's ep group, else None (expert parallelism rides on
+        the data-parallel ranks, so an ep group may be the dp group too: the op tells them apart)."""
+        if kind != "all_to_all" or self.plan is None or getattr(self.plan, "ep", 1) <= 1:
             return None
-        if not hasattr(self, "_expert_groups"):
-            ep_groups, replicas = expert_groups(self.plan.mesh_shape, self.plan.ep)
-            self._expert_groups = ({tuple(g) for g in ep_groups}, {tuple(g) for g in replicas})
-        ep_groups, replicas = self._expert_groups
-        if kind == "all_to_all" and ranks in ep_groups:
-            return "ep"
-        if ranks in replicas and ranks not in {tuple(g) for a in MESH_ORDER for g in axis_groups(self.plan.mesh_shape, a)}:
-            return "ep_replica"
-        return None
+        if not hasattr(self, "_ep_groups"):
+            self._ep_groups = {tuple(g) for g in expert_groups(self.plan.mesh_shape, self.plan.ep)[0]}
+        return "ep" if ranks in self._ep_groups else None
 
     def _group(self, pg) -> tuple[tuple[int, ...], bool]:
         try:
@@ -196,8 +191,8 @@ class Ledger:
     def _add(self, kind, nbytes, ts, ranks, is_default, peer) -> CommRecord:
         rec = CommRecord(rank=self.rank, step=self.step, op=kind, bytes=int(nbytes),
                          dtype=str(ts[0].dtype).replace("torch.", "") if ts else "",
-                         axis=self.expert_axis(kind, ranks) or self.axis_of(ranks, is_default), group=list(ranks),
-                         peer=peer)
+                         axis=getattr(_LABEL, "axis", None) or self.expert_axis(kind, ranks)
+                         or self.axis_of(ranks, is_default), group=list(ranks), peer=peer)
         self._marks[id(rec)] = (self.clock.mark(), [])
         self.records.append(rec)
         return rec
@@ -310,6 +305,18 @@ def _kernel(op, short: str, functional: bool):
         return out
 
     return kernel
+
+
+@contextlib.contextmanager
+def labelled(axis: str):
+    """Ops issued inside are recorded on `axis`: for a group that serves a purpose of its own
+    beside its mesh axis (the expert replicas' gradient sum may run over the tp group)."""
+    before = getattr(_LABEL, "axis", None)
+    _LABEL.axis = axis
+    try:
+        yield
+    finally:
+        _LABEL.axis = before
 
 
 def _pending_id(t: torch.Tensor) -> int:
