@@ -19,7 +19,7 @@ from interactive_parallel.runtime.train import make_optimizer, train_step
 cfg = json.loads(sys.argv[1])
 launch, device = init_from_env("cpu", timeout_s=120.0)
 rank = launch.rank
-spec = resolve_model("tiny-llama")
+spec = resolve_model(cfg.get("model", "tiny-llama"))  # a preset name or a config dict
 out = {}
 for name, fields in cfg["plans"].items():
     par = parallelize(spec, Plan(**fields), device=device)

@@ -81,11 +81,13 @@ def session_numbers(s: Session, plans: list[str], steps: int, repeats: int) -> d
     return out
 
 
-def torchrun_numbers(ranks: int, plans: list[str], steps: int, repeats: int) -> dict:
+def torchrun_numbers(ranks: int, plans: list[str], steps: int, repeats: int, *, table: dict = PLANS,
+                     batch: dict = BATCH, model="tiny-llama") -> dict:
+    """Median ms per step of each plan (named in `table`) under plain torchrun, same train_step."""
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    spec = json.dumps({"plans": {n: dict(PLANS[n], **BATCH) for n in plans}, "steps": steps, "warmup": WARMUP,
-                       "repeats": repeats})
+    spec = json.dumps({"plans": {n: dict(table[n], **batch) for n in plans}, "steps": steps, "warmup": WARMUP,
+                       "repeats": repeats, "model": model})
     out = subprocess.run([str(torchrun), "--standalone", f"--nproc_per_node={ranks}",
                           str(Path(__file__).with_name("_torchrun_worker.py")), spec],
                          env=env, capture_output=True, text=True, timeout=900)
@@ -93,7 +95,7 @@ def torchrun_numbers(ranks: int, plans: list[str], steps: int, repeats: int) -> 
     if not lines:
         raise RuntimeError(out.stderr[-3000:])
     found = {f"step_{k}": v * 1e3 for k, v in json.loads(lines[-1]).items()}
-    if "dp4" in plans and ranks == 4:
+    if "dp4" in plans and ranks == 4 and model == "tiny-llama":
         found["step_plain_ddp"] = plain_ddp_ms(torchrun, env, steps, repeats)
     return found
 

@@ -200,7 +200,7 @@ def test_greedy_generation_under_ep_gives_the_tokens_of_dp():
 
 
 @pytest.mark.session
-def test_a_session_trains_a_mixture_of_experts_under_ep_and_shows_its_routing():
+def test_a_session_trains_a_mixture_of_experts_under_ep_and_shows_its_routing(tmp_path):
     from conftest import live_session
 
     with live_session(2) as s:
@@ -216,3 +216,16 @@ def test_a_session_trains_a_mixture_of_experts_under_ep_and_shows_its_routing():
         assert {c.axis for c in s.comms(1) if c.op == "all_to_all"} == {"ep"}
         assert s.verify().ok
         assert len(s.generate(["1+1="], max_new_tokens=4)) == 1
+        # out of ep and back: each replica's experts travel with the state (write_parts' own keys)
+        s.apply(Plan(tp=2, **SMALL))
+        s.train(steps=1)
+        assert s.verify().ok
+        s.save(str(tmp_path / "ckpt"))  # a checkpoint under tp, read under ep
+        s.apply(Plan(dp=2, ep=2, **SMALL))
+        s.train(steps=1)
+        assert s.verify().ok
+        s.save(str(tmp_path / "ckpt-ep"))
+        s.load(str(tmp_path / "ckpt"))
+        s.apply(Plan(fsdp=2, **SMALL))
+        s.load(str(tmp_path / "ckpt-ep"))
+        assert s.verify().ok and s.plan.fsdp == 2

@@ -97,3 +97,18 @@ def test_mesh_of_a_dry_run_of_a_thousand_ranks():
     assert cells == 1024
     axes = {t.name.split(":")[0] for t in fig.data[1:]}
     assert {"tp", "dp", "pp"} <= axes
+
+
+@pytest.mark.pure
+def test_under_ep_each_cell_names_the_experts_its_rank_holds():
+    plan = Plan(dp=2, fsdp=2, tp=2, ep=4)
+    fig = mesh_figure(plan, num_experts=8)
+    heat = fig.data[0]
+    cells = {t.split("<br>")[0]: t for row in heat.text for t in row if t}
+    # ep rides on the data-parallel ranks (dp, fsdp): tp neighbours hold the same experts
+    assert cells["0"].endswith("E0-1") and cells["1"].endswith("E0-1") and cells["2"].endswith("E2-3")
+    assert cells["6"].endswith("E6-7")
+    hovers = [h for row in heat.customdata for h in row]
+    assert sum("holds experts 0..1" in h for h in hovers) == 2
+    assert not any("E0" in t for row in mesh_figure(Plan(dp=2, fsdp=2, tp=2), num_experts=8).data[0].text
+                   for t in row if t)

@@ -13,7 +13,8 @@ Layout of a state directory (DCP keys): `model.<name>`, `optim.<name>.<exp_avg|e
 step>` (absent while the optimizer has taken no step: a fresh AdamW stays fresh),
 `train.step`. Checkpoints (Session.save) are DCP's standard files, written and read with its
 collective planning. Re-plans and snapshots (scratch, runtime.rawfiles) are written in parts
-(write_parts): every rank writes its data-parallel replica's share of its shards (replicas
+(write_parts): every rank writes its data-parallel replica's share of its shards, and under ep
+its own experts, which its replicas do not hold (replicas
 hold the same shards: each writes about 1/dp of them) in a directory of its own with DCP's
 `no_dist`, under a temporary name moved into place once complete (runtime.atomic_dir), and
 rank 0 names the plan and the writers; no collective, so no rank waits on a peer's disk
@@ -277,11 +278,23 @@ def write_parts(par: Parallelized, optimizer, path: str, step: int) -> None:
     state, _, _ = live_state(par, optimizer, with_optim=bool(optimizer.state))
     state["train.step"] = int(step)
     count, index = _replicas(par)
-    share = replica_share(state, count)[index]
+    own = _own_keys(par, state)
+    share = replica_share({k: v for k, v in state.items() if k not in own}, count)[index] + sorted(own)
     mine = _rank_dir(path, rank)
     staging = atomic_dir.staging_path(mine)
     write({k: state[k] for k in share}, staging, raw=True, local=True)
     atomic_dir.publish(staging, mine)
+
+
+def _own_keys(par: Parallelized, state: dict) -> set[str]:
+    """Keys every rank writes itself: under ep the data-parallel replicas hold different experts,
+    so an expert weight and its optimizer state are not theirs to share out."""
+    if not par.expert_params:
+        return set()
+    mine = {id(p) for p in par.expert_params}
+    names = {n for n, p in par.raw.named_parameters() if id(p) in mine}
+    return {k for k in state if (k.startswith("model.") and k[len("model."):] in names)
+            or (k.startswith("optim.") and k[len("optim."):].rpartition(".")[0] in names)}
 
 
 def replica_share(state: dict, count: int) -> list[list[str]]:

@@ -25,7 +25,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ..plan.axes import MESH_ORDER, mesh_coords
+from ..plan.axes import MESH_ORDER, expert_coords, mesh_coords
 from ..records import CommRecord, MemoryRecord, ShardRecord
 from ._common import OP_COLORS, TOP_AXIS_PX, empty_figure, human_bytes, records_of, styled, title_lines
 from .memory import latest_per_rank
@@ -158,12 +158,15 @@ def _mem(rec: MemoryRecord | None, what: str) -> str:
 def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord] | None = None,
                 predicted: Iterable[MemoryRecord] | None = None, shards: Iterable[ShardRecord] | None = None,
                 param: str | None = None, comms: Iterable[CommRecord] | None = None, source: str = "",
-                focus: int = 0, aspect: float = 2.0) -> go.Figure:
+                focus: int = 0, aspect: float = 2.0, num_experts: int = 0) -> go.Figure:
     """The mesh of `shape` (axis -> size, or a Plan): a heatmap of ranks coloured by memory
     (measured, else predicted, else uniform), hover text per rank, one line trace per mesh
     axis linking the members of each communication group (named `tp: 1.2 GiB/rank`): every
-    group up to ALL_LINKS ranks, else the groups of rank `focus`."""
+    group up to ALL_LINKS ranks, else the groups of rank `focus`. With `num_experts` and a Plan
+    under expert parallelism, the ranks are coloured by the experts they hold (the same ids in
+    every MoE layer) and each cell names them."""
     grid = mesh_grid(shape, aspect)
+    experts_held = _experts_held(shape, grid.world, num_experts)
     title = "Device mesh" + (f" ({source})" if source else "")
     if grid.world <= 1:
         return empty_figure(title, text="a single rank: no mesh")
@@ -184,6 +187,11 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
         z[row][col] = (rec.params + rec.grads + rec.optimizer + (rec.activations or 0)) / unit if rec else 0.0
         text[row][col] = f"{rank}<br>{label}"
         lines = [f"rank {rank}: {label}"]
+        if experts_held:
+            lo, hi, ep_rank = experts_held[rank]
+            z[row][col] = ep_rank
+            text[row][col] += f"<br>E{lo}-{hi}"
+            lines.append(f"holds experts {lo}..{hi} of every MoE layer (ep rank {ep_rank})")
         if param is not None:
             lines.append(_holds(held.get(rank), param))
         lines += [s for s in (_mem(pred.get(rank), "predicted"), _mem(measured.get(rank), "measured")) if s]
@@ -191,7 +199,8 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     fig = go.Figure(go.Heatmap(
         z=z, text=text, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
         texttemplate="%{text}" if grid.world <= TEXT_CELLS else None, textfont=dict(size=9),
-        colorscale=[[0, "#f7fbff"], [1, "#6baed6"]], showscale=bool(colour_by), zmin=0,
+        colorscale=[[0, "#f7fbff"], [1, "#6baed6"]] if not experts_held else "Viridis",
+        showscale=bool(colour_by) and not experts_held, zmin=0,
         colorbar=dict(title=unit_name + (" measured" if measured else " predicted" if pred else "")),
         xgap=1, ygap=1))
     links = comm_links(comms)  # streamed: a dry run's comms of 1,024 ranks need not be a list
@@ -207,6 +216,19 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed",
                      tickvals=list(range(0, grid.rows, _every(grid.rows))), ticktext=rows[::_every(grid.rows)])
     return fig
+
+
+def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[int, int, int]]:
+    """rank -> (first expert, last expert, ep rank) under a Plan with ep > 1, else {}."""
+    ep = getattr(shape, "ep", 1)
+    if ep <= 1 or not num_experts or not hasattr(shape, "mesh_shape"):
+        return {}
+    local = num_experts // ep
+    out = {}
+    for rank in range(world):
+        ep_rank = expert_coords(rank, shape.mesh_shape, ep)[1]
+        out[rank] = (ep_rank * local, (ep_rank + 1) * local - 1, ep_rank)
+    return out
 
 
 def _every(count: int) -> int:

@@ -80,18 +80,28 @@ class DryView:
             return
         dry = self.current()
         param, live_shards = self.shown_layout()
+        experts = self._num_experts(dry)
         if dry is not None and dry.plan.replace(device=plan.device) == plan:
             shards = dry.layout(param=param) if param in params_of(dry) else None
             refresh(self.mesh, viz.mesh_figure(plan, memory=dry.memory(), predicted=predicted, shards=shards,
                                                param=param, comms=dry.iter_comms(shown_ranks(dry)),
-                                               source="dry run"))
+                                               source="dry run", num_experts=experts))
         elif self.session.alive and self.session().plan == plan:
             s = self.session()  # the applied plan: what the ranks measured
             shards = [r for r in live_shards if r.param == param] or None
             refresh(self.mesh, viz.mesh_figure(plan, memory=s.memory(), predicted=predicted, shards=shards,
-                                               param=param, comms=s.comms(), source="live"))
+                                               param=param, comms=s.comms(), source="live",
+                                               num_experts=experts))
         else:
-            refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted"))
+            refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted", num_experts=experts))
+
+    def _num_experts(self, dry: Any) -> int:
+        """Experts per MoE layer of the model the mesh is drawn for (0: dense), from its config."""
+        if dry is not None:
+            return dry.spec.num_experts
+        if self.session.alive and self.session().spec is not None:
+            return self.session().spec.num_experts
+        return 0
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.run.disabled = busy or not self.on
