@@ -105,6 +105,29 @@ def test_the_router_loss_is_transformers_own_on_one_process():
     state.get().reset_model()
 
 
+@pytest.mark.pure
+@pytest.mark.parametrize("fields, replicas", [(dict(dp=4, ep=2), 2), (dict(dp=4, ep=4), 1),
+                                              (dict(dp=2, fsdp=2, ep=2), 2), (dict(dp=2, fsdp=2, ep=4), 1),
+                                              (dict(dp=2, tp=2, ep=2), 1)])
+def test_serving_replicas_join_the_dp_coordinates_an_ep_group_spans(fields, replicas):
+    from types import SimpleNamespace
+
+    from interactive_parallel.plan import mesh_coords
+    from interactive_parallel.records import Request
+    from interactive_parallel.runtime.serve import replica_share
+
+    plan = Plan(**fields)
+    requests = [Request(id=str(i), prompt="1+1=", max_new_tokens=2) for i in range(8)]
+    shares, leaders = {}, 0
+    for rank in range(plan.world_size):
+        par = SimpleNamespace(plan=plan, coords=mesh_coords(rank, plan.mesh_shape))
+        mine, leader = replica_share(par, requests)
+        shares.setdefault(tuple(mine), set()).add(rank)
+        leaders += leader
+    assert len(shares) == replicas == leaders
+    assert sorted(i for share in shares for i in share) == list(range(8)), "every request served once"
+
+
 # ---- parity, routing, comms ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -203,6 +226,8 @@ def test_greedy_generation_under_ep_gives_the_tokens_of_dp():
 def test_a_session_trains_a_mixture_of_experts_under_ep_and_shows_its_routing(tmp_path):
     from conftest import live_session
 
+    from interactive_parallel.plan.inference import staggered_requests
+
     with live_session(2) as s:
         s.load_model(M.config_of("mixtral"))
         with pytest.raises(PlanError, match=r"ep\(4\) does not divide dp\*fsdp\*cp\(2\)"):
@@ -216,6 +241,11 @@ def test_a_session_trains_a_mixture_of_experts_under_ep_and_shows_its_routing(tm
         assert {c.axis for c in s.comms(1) if c.op == "all_to_all"} == {"ep"}
         assert s.verify().ok
         assert len(s.generate(["1+1="], max_new_tokens=4)) == 1
+        # serving: the ep group spans both dp coordinates, so they serve as one replica in lockstep
+        served = s.serve(staggered_requests(4, max_new_tokens=6))
+        assert served.engine == "ours" and "ep(2)" in served.reason
+        s.apply(Plan(dp=2, **SMALL))
+        assert s.serve(staggered_requests(4, max_new_tokens=6)).texts == served.texts
         # out of ep and back: each replica's experts travel with the state (write_parts' own keys)
         s.apply(Plan(tp=2, **SMALL))
         s.train(steps=1)

@@ -42,6 +42,9 @@ def transformers_engine_problem(plan: Plan, spec: ModelSpec) -> str | None:
                 "which the engine's paged attention would replace")
     if plan.fsdp > 1:
         return f"fsdp({plan.fsdp}): transformers refuses an FSDP mesh in continuous batching"
+    if plan.ep > 1:
+        return (f"ep({plan.ep}): every forward is an all-to-all over the ep group, whose ranks must then "
+                "step together; the engine steps each replica on its own clock")
     if plan.tp > 1 and plan.sequence_parallel:
         return ("sequence parallel: the engine packs every request's tokens into one sequence, which "
                 "sequence parallelism would have to cut evenly over tp ranks")

@@ -278,12 +278,18 @@ def replica_share(par: Parallelized, requests: list[Request]) -> tuple[list[int]
 
     Replicas are the dp coordinates: ranks along dp share no collective in a forward, so
     each serves its own requests (round-robin in arrival order). Ranks along fsdp, tp, pp
-    and cp work on the same requests together; their coordinate-0 rank reports them.
+    and cp work on the same requests together; their coordinate-0 rank reports them. Under
+    ep an ep group wider than fsdp x cp spans several dp coordinates, whose ranks then meet in
+    every forward's all-to-all: those coordinates serve as one replica, in lockstep.
     """
+    plan = par.plan
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival, i))
-    dp, replica = par.plan.dp, par.coords.get(MeshAxis.DP, 0)
-    mine = [i for k, i in enumerate(order) if k % dp == replica]
-    leader = all(v == 0 for k, v in par.coords.items() if str(k) in ("fsdp", "tp", "pp", "cp"))
+    joined = max(1, plan.ep // (plan.fsdp * plan.cp))
+    dp_coord = par.coords.get(MeshAxis.DP, 0)
+    replicas, replica = plan.dp // joined, dp_coord // joined
+    mine = [i for k, i in enumerate(order) if k % replicas == replica]
+    leader = dp_coord % joined == 0 and all(v == 0 for k, v in par.coords.items()
+                                            if str(k) in ("fsdp", "tp", "pp", "cp"))
     return mine, leader
 
 
