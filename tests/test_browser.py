@@ -4,8 +4,9 @@ A notebook (written here, so it always matches the code) shows `interactive_para
 with no session. The browser then presses every button the way a workshop would: Start (2
 ranks), Doctor, Load (tiny-llama), Apply (pp=2, so every view has something to draw), Train,
 a longer Train stopped with Stop while the figures update, Generate, Verify, Save, Load,
-Export, Serve, Quantize and Full precision, opens every tab, and finally stops the ranks from
-the Cluster section. Each result is checked in the DOM, the error area stays empty, and no
+Export, Serve, Quantize and Full precision, opens every tab, loads a mixture of experts from a
+directory holding its config (the ep control appears beside the degrees), trains it under
+dp2 x ep2 with the experts tab following, and finally stops the ranks from the Cluster section. Each result is checked in the DOM, the error area stays empty, and no
 tab label or figure title shown is cut at its edge, in the light theme and the dark. Screenshots of the panel in JupyterLab's
 light and dark themes go to artifacts/panel-light.png and panel-dark.png (a failure's to
 artifacts/panel-failure.png). Helpers: tests/lab_harness.py.
@@ -52,6 +53,11 @@ TABS = {  # tab -> what its figures draw once the ranks trained under PLAN
     "requests": [".ip-request-timeline-figure .barlayer .trace"],
     "quantization": [".ip-quantization-figure .barlayer .trace"],
 }
+MOE = dict(model_type="mixtral", vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2,
+           max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+MOE_PLAN = {"pp": 1, "microbatches": 0, "dp": 2, "ep": 2}
+"""The last phase: a mixture of experts loaded from a directory holding its config, under dp2 x ep2."""
 SHOWN_LAST = "communication"
 """The tab open for the screenshots (the busiest page)."""
 
@@ -66,6 +72,9 @@ def test_every_button_of_the_panel_on_a_live_session():
     shots = {theme: ARTIFACTS / f"panel-{theme}.png" for theme in ("light", "dark")}
     root = Path(tempfile.mkdtemp(prefix="ip-lab-"))
     (root / NOTEBOOK).write_text(json.dumps(notebook_json(CELLS)))
+    moe_dir = root / "tiny-mixtral"
+    moe_dir.mkdir()
+    (moe_dir / "config.json").write_text(json.dumps(MOE))
     lab = Lab(root)
     pool_pids: list[int] = []
     stop_error: Exception | None = None
@@ -201,6 +210,31 @@ def test_every_button_of_the_panel_on_a_live_session():
                 panel.screenshot(path=str(shots["dark"]))
                 set_theme(page, "JupyterLab Light")
                 mark("screenshots")
+
+                # A mixture of experts from a config directory: the ep control shows beside the
+                # degrees, and the experts tab follows the steps under dp2 x ep2.
+                expect(panel.locator(".ip-ep")).to_be_hidden()
+                panel.locator(".ip-model-path input").fill(str(moe_dir))
+                click("ip-load-model-button")
+                expect(messages).to_contain_text("(loaded)", timeout=120_000)
+                expect(panel.locator(".ip-ep")).to_be_visible(timeout=10_000)
+                for name, value in MOE_PLAN.items():
+                    set_int(panel, f"ip-{name}", value)
+                expect(messages).to_contain_text("fits 2 ranks", timeout=10_000)
+                click("ip-apply-button")
+                expect(messages).to_contain_text("applied", timeout=60_000)
+                open_tab(panel, "experts")
+                set_int(panel, "ip-train-steps", 2)
+                click("ip-train-button")
+                expect(status).to_contain_text("done: 2 steps", timeout=90_000)
+                load_title = panel.locator(".ip-expert-load-figure .gtitle")
+                expect(load_title).to_contain_text("step 1", timeout=30_000)
+                expect(load_title).to_contain_text("imbalance max/mean")
+                expect(panel.locator(".ip-expert-load-figure .heatmaplayer").first).to_be_visible()
+                expect(panel.locator(".ip-tokens-moved-figure .heatmaplayer").first).to_be_visible()
+                nothing_cut(page)
+                no_error()
+                mark("experts")
 
                 click("ip-stop-cluster-button")
                 expect(panel.locator(".ip-rank-status")).to_contain_text("no session", timeout=60_000)

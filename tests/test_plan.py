@@ -147,3 +147,16 @@ def test_plan_and_serving_modules_import_no_circle():
     graph = {f"interactive_parallel.{f.parent.name}.{f.stem}": _imports(f) for f in files if f.stem != "__init__"}
     circles = sorted((a, b) for a in graph for b in graph[a] if b in graph and a in graph[b] and a < b)
     assert circles == []
+
+
+@pytest.mark.pure
+def test_a_directory_with_a_config_alone_is_a_shape_with_seeded_weights(tmp_path):
+    import json
+
+    from interactive_parallel.plan import resolve_model
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(model_type="llama", vocab_size=128)))
+    spec = resolve_model(str(tmp_path))
+    assert spec.source == str(tmp_path.resolve()) and not spec.has_weights
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    assert resolve_model(str(tmp_path)).has_weights

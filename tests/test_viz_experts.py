@@ -114,3 +114,16 @@ def test_empty_input_and_dicts(func):
     with pytest.raises(TypeError, match="experts"):
         func([CommRecord(rank=0, step=0, op="all_reduce", bytes=1, dtype="float32")])
     assert func([from_dict(r.to_dict()) for r in make_experts()]).to_dict() == func(make_experts()).to_dict()
+
+
+@pytest.mark.pure
+def test_the_report_has_the_expert_figures_for_a_mixture_of_experts():
+    from interactive_parallel.records import StepRecord
+    from interactive_parallel.viz import figures_from_records
+
+    experts = make_experts()
+    steps = [StepRecord(rank=0, step=s, loss=1.0, tokens=8, time_s=0.1,
+                        experts=[e for e in experts if e.step == s and e.rank == 0]) for s in (0, 1)]
+    figs = figures_from_records(steps + [e for e in experts if e.rank != 0])
+    assert {"expert_load", "expert_imbalance", "tokens_moved"} <= set(figs)
+    assert "expert_load" not in figures_from_records([StepRecord(rank=0, step=0, loss=1.0, tokens=8, time_s=0.1)])

@@ -38,12 +38,22 @@ class ModelSpec:
     config: dict[str, Any]
     """Keyword arguments of the transformers config (model_type included)."""
     source: str | None = None
-    """Local directory with weights to load, or None for random init."""
+    """Local model directory (its weights loaded, or seeded when it holds none; its tokenizer
+    used), or None for seeded weights and the package's tokenizer."""
     description: str = ""
     """One line for menus."""
     facts: "FamilyInfo | None" = None
     """The family's facts derived from transformers (runtime.families), for a model type FAMILIES
     does not hold by hand; None until derived."""
+
+    @property
+    def has_weights(self) -> bool:
+        """Whether `source` holds weight files: a directory with a config (and a tokenizer) alone is
+        a shape, its weights seeded as for a config file."""
+        if not self.source or not Path(self.source).is_dir():
+            return False
+        return any(p.suffix in (".safetensors", ".bin") or p.name.endswith(".index.json")
+                   for p in Path(self.source).iterdir())
 
     @property
     def needs_facts(self) -> bool:

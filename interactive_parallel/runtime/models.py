@@ -42,7 +42,7 @@ def build_model(spec: ModelSpec, seed: int = 0, device: str | torch.device = "cp
     """The full model in fp32 on `device`; random init from `seed` unless the spec has weights."""
     from transformers import AutoModelForCausalLM
 
-    if spec.source:
+    if spec.has_weights:
         model = AutoModelForCausalLM.from_pretrained(spec.source, dtype=torch.float32,
                                                      local_files_only=True)
     else:

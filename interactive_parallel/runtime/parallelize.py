@@ -153,7 +153,7 @@ def _materialize(par: Parallelized, roots: list[nn.Module], fill: str) -> None:
         for root in roots:  # under PP only the stages' modules: the others stay on meta
             root.to_empty(device=par.device)
     if fill == "seed":
-        (init_from_source if par.spec.source else init_seeded)(par)
+        (init_from_source if par.spec.has_weights else init_seeded)(par)
     init_buffers(par, roots)
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ..records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, QuantizeRecord, Record, ServeResult,
-                       ShardRecord, StepRecord)
+from ..records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, PipelineEvent, QuantizeRecord, Record,
+                       ServeResult, ShardRecord, StepRecord)
 from .comms import comm_breakdown_figure, comm_matrix_figure
 from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
+from .experts import expert_load_figure, expert_load_over_steps_figure, tokens_moved_figure
 from .memory import memory_figure
 from .pipeline import pipeline_figure
 from .serving import latency_figure, request_timeline_figure
@@ -86,7 +87,7 @@ def _sharding_params(shards: list[ShardRecord]) -> list[str]:
 def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figure]:
     """Every figure the records have data for, keyed for `write_report`: loss, throughput, memory,
     comm_matrix, comm_breakdown, timeline and pipeline (the latest step), sharding-<param> for one param of each
-    distinct layout, and for inference: tokens_per_step, kv_memory, step_split (DecodeSteps), requests and
+    distinct layout, expert_load, expert_imbalance and tokens_moved for a mixture of experts, and for inference: tokens_per_step, kv_memory, step_split (DecodeSteps), requests and
     latency (a ServeResult's requests), quantization. Records of other kinds (RankInfo) are ignored."""
     by_kind: dict[type, list[Record]] = {}
     for rec in records or ():
@@ -112,6 +113,12 @@ def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figur
         figs["pipeline"] = pipeline_figure(events)
     for param in _sharding_params(shards):
         figs[_section_key(param)] = sharding_figure(shards, param)
+    experts = by_kind.get(ExpertRecord, []) + [e for s in steps for e in s.experts]
+    if experts:  # a mixture of experts: its routing per layer, and what moved between ep ranks
+        figs["expert_load"] = expert_load_figure(experts)
+        figs["expert_imbalance"] = expert_load_over_steps_figure(experts)
+        if any(e.sent for e in experts):
+            figs["tokens_moved"] = tokens_moved_figure(experts)
     decoding = by_kind.get(DecodeStep, [])
     if decoding:
         figs["tokens_per_step"] = tokens_per_step_figure(decoding)
