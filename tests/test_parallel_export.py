@@ -1,7 +1,7 @@
 """The exported torchrun script reproduces the session's run without ipyparallel.
 
 Runs `torchrun --nproc_per_node 4` (the venv's torchrun) on the script text for
-tiny-llama under dp2xtp2 and checks its first-step loss against the single-process run
+tiny-llama under dp2xtp2 (and a mixture of experts under dp2 x tp2 x ep2) and checks its first-step loss against the single-process run
 (EXPORT_TOL absolute), which the parity tests tie to the same plan run in spawned ranks.
 """
 from __future__ import annotations
@@ -54,9 +54,20 @@ def test_script_text_refuses_zero_steps():
         script_text(PRESETS["tiny-llama"], PLAN, 0)
 
 
-def test_exported_script_reproduces_first_step_loss(tmp_path):
+def _spec(model: str):
+    if model == "tiny-llama":
+        return PRESETS[model]
+    import moe_workers as M
+
+    return M.spec_of(model)
+
+
+@pytest.mark.parametrize("model, plan", [("tiny-llama", PLAN), ("mixtral", Plan(dp=2, tp=2, ep=2))],
+                         ids=["tiny-llama-dp2xtp2", "mixtral-dp2xtp2xep2"])
+def test_exported_script_reproduces_first_step_loss(tmp_path, model, plan):
     script = tmp_path / "run.py"
-    script.write_text(script_text(PRESETS["tiny-llama"], PLAN, 2))
+    spec = _spec(model)
+    script.write_text(script_text(spec, plan, 2))
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -75,5 +86,5 @@ def test_exported_script_reproduces_first_step_loss(tmp_path):
     losses = [float(m) for m in re.findall(r"step \d+ loss ([0-9.]+)", stdout)]
     assert len(losses) == 2, stdout
     # The single-process run: test_parallel_parity holds dp2xtp2 to it within 1e-5 per step.
-    expected = W.reference("tiny-llama", PLAN.to_dict(), 1)["losses"][0]
+    expected = W.reference(spec, plan.to_dict(), 1)["losses"][0]
     assert abs(losses[0] - expected) <= EXPORT_TOL, (losses, expected)
