@@ -1,10 +1,15 @@
-"""Wall time and peak memory of a dry run: Llama-3-70B on 1,024 virtual ranks (dp 16 x pp 8 x tp 8).
+"""Wall time and peak memory of a dry run: Llama-3-70B on 1,024 virtual ranks (dp 16 x pp 8 x tp 8),
+and a mixture of experts, Qwen3-235B-A22B on 256 (pp 2 x fsdp 128, experts over ep 16; routing
+assumed uniform).
 
 Each case runs in a fresh Python process (so its peak resident memory is the dry run's,
 torch and transformers imports included) and prints one table row: the plan, virtual
 ranks, simulated ranks, seconds for the dry run itself (torch's import included: it loads
-on the first call) and for the whole process, and the process's peak RSS. The goal: <= 60 s and <= 2 GB on a 2-core machine.
-Run: .venv/bin/python bench/bench_dryrun.py [--quick]   (--quick: Llama-3-8B on 64 ranks only)
+on the first call) and for the whole process, the process's peak RSS, and the busiest
+rank's bytes (params + grads + optimizer + activations, as the dry run records them).
+The goal: <= 60 s and <= 2 GB on a 2-core machine (the MoE row: <= 120 s, <= 2 GB).
+Run: .venv/bin/python bench/bench_dryrun.py [--quick | --first | --moe]
+(--quick: Llama-3-8B on 64 ranks only; --moe: the Qwen3-235B row only)
 Knows nothing of pytest or of a Session.
 """
 from __future__ import annotations
@@ -19,7 +24,9 @@ CASES = [
     ("llama-3-70b", "dp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
     ("llama-3-70b", "fsdp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
     ("llama-3.1-405b", "fsdp=8 pp=14 tp=8 batch_size=112 seq_len=8192 precision=bf16"),
+    ("qwen3-235b-a22b", "pp=2 fsdp=128 ep=16 batch_size=256 seq_len=4096 precision=bf16 recompute=full"),
 ]
+MOE = [c for c in CASES if c[0] == "qwen3-235b-a22b"]
 QUICK = [("llama-3-8b", "dp=4 pp=4 tp=4 batch_size=16 seq_len=2048 precision=bf16")]
 
 CHILD = r"""
@@ -29,8 +36,11 @@ model, text = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
 d = dry_run(model, Plan.parse(text))
 run_s = time.perf_counter() - t
+busiest = max(d.memory(), key=lambda m: m.params + m.grads + m.optimizer + m.activations)
 print(json.dumps({"world": d.world, "simulated": len(d.simulated), "run_s": run_s,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "rank": busiest.rank, "params": busiest.params, "grads": busiest.grads,
+                  "optimizer": busiest.optimizer, "activations": busiest.activations}))
 """
 
 
@@ -48,13 +58,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Llama-3-8B on 64 ranks only")
     parser.add_argument("--first", action="store_true", help="only the 70B on 1,024 ranks (the goal)")
+    parser.add_argument("--moe", action="store_true", help="only Qwen3-235B-A22B on 256 ranks")
     args = parser.parse_args()
-    cases = QUICK if args.quick else CASES[:1] if args.first else CASES
-    print(f"{'model':15} {'plan':55} {'ranks':>6} {'simulated':>9} {'dry run s':>9} {'process s':>9} {'peak RSS':>9}")
+    cases = QUICK if args.quick else CASES[:1] if args.first else MOE if args.moe else CASES
+    print(f"{'model':15} {'plan':75} {'ranks':>6} {'simulated':>9} {'dry run s':>9} {'process s':>9} {'peak RSS':>9} "
+          f"{'busiest rank: params / grads / optimizer / activations (GiB)':>60}")
+    gib = 2 ** 30
     for model, plan in cases:
         r = run_case(model, plan)
-        print(f"{model:15} {plan:55} {r['world']:6d} {r['simulated']:9d} {r['run_s']:9.1f} {r['process_s']:9.1f} "
-              f"{r['peak_rss'] / 2 ** 30:7.2f} GiB", flush=True)
+        per_rank = (f"rank {r['rank']}: {r['params'] / gib:.2f} / {r['grads'] / gib:.2f} / {r['optimizer'] / gib:.2f} / "
+                    f"{r['activations'] / gib:.2f} = {sum(r[k] for k in ('params', 'grads', 'optimizer', 'activations')) / gib:.2f}")
+        print(f"{model:15} {plan:75} {r['world']:6d} {r['simulated']:9d} {r['run_s']:9.1f} {r['process_s']:9.1f} "
+              f"{r['peak_rss'] / gib:7.2f} GiB {per_rank:>60}", flush=True)
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def test_a_dry_run_of_a_derived_family_records_what_its_live_run_did(results, mo
 
 @pytest.mark.rank1
 @pytest.mark.parametrize("name, billions", [("qwen3-32b", 32.76), ("gemma-3-27b-text", 27.01), ("mistral-7b", 7.24),
-                                            ("llama-3-8b", 8.03)])
+                                            ("llama-3-8b", 8.03), ("qwen3-235b-a22b", 235.09)])
 def test_the_shipped_configs_plan_as_the_models_they_name(name, billions):
     """Derived on the meta device (no storage): the parameter count of the published model."""
     import math

@@ -10,11 +10,12 @@ Pure Python: knows no torch and nothing of how ranks are simulated (runtime/dryr
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
 from ..records import CommRecord, MemoryRecord, RecordList, ShardRecord, StepRecord
-from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
+from .axes import MESH_ORDER, MeshAxis, expert_groups, mesh_coords, mesh_rank
 from .inventory import local_tensors
 from .models import ModelSpec
 from .plan import Plan
@@ -38,12 +39,32 @@ def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
 def move(group: list[int], rep: int, target: int, plan: Plan) -> list[int]:
     """The group that is to `target` what `group` is to `rep`: along the axes on which the
     group's members differ (its mesh axes) the members keep their coordinates; on every other
-    axis they take target's. A pair [rep, peer] moves a send or recv's peer."""
+    axis they take target's. A pair [rep, peer] moves a send or recv's peer. An expert group
+    (plan.axes.expert_groups: an ep group, a run of data-parallel ranks that need not span a
+    whole axis, or a replica group) moves to target's group of the same kind."""
     shape = plan.mesh_shape
+    if plan.ep > 1 and len(group) > 1:
+        kinds = _expert_groups(tuple(shape.items()), plan.ep)
+        for kind in kinds:
+            if tuple(group) in kind:
+                return list(kind[target])
     coords = [mesh_coords(m, shape) for m in group]
     own, mine = mesh_coords(rep, shape), mesh_coords(target, shape)
     along = {a for c in coords for a in MESH_ORDER if c[a] != own[a]}
     return [mesh_rank({a: c[a] if a in along else mine[a] for a in MESH_ORDER}, shape) for c in coords]
+
+
+@functools.lru_cache(maxsize=8)
+def _expert_groups(shape: tuple, ep: int) -> tuple[dict[tuple[int, ...], tuple[int, ...]], ...]:
+    """For the ep groups and the replica groups: {each group, and each rank: its group}."""
+    out = []
+    for groups in expert_groups(dict(shape), ep):
+        kind: dict = {}
+        for g in groups:
+            kind[tuple(g)] = tuple(g)
+            kind.update({r: tuple(g) for r in g})
+        out.append(kind)
+    return tuple(out)
 
 
 @dataclass

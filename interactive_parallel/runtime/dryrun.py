@@ -40,7 +40,8 @@ Where a simulated rank departs from a live one, and why:
 - transformers' grouped_mm experts call torch's grouped_mm, whose meta kernel takes bf16
   only: inside a simulated rank they take transformers' own fallback op
   (torch.ops.transformers.grouped_mm_fallback, which has a fake kernel) instead
-  (`_grouped_mm_fallback`, restored after).
+  (`_grouped_mm_fallback`, restored after); it keeps its offsets (an int32 per expert) out
+  of autograd's saved tensors, so activations read that many bytes per MoE layer fewer.
 Knows nothing of ipyparallel or the client; imported lazily (it imports torch).
 """
 from __future__ import annotations

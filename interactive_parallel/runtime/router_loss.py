@@ -60,7 +60,8 @@ class RouterLogits:
         for layer in logits:
             weights = torch.softmax(layer.float(), dim=-1)  # [rows, experts]
             chosen = torch.topk(weights, self.top_k, dim=-1).indices
-            counts = counts + torch.bincount(chosen.reshape(-1), minlength=self.num_experts).float()
+            # a fixed-shape count (bincount's shape depends on the ids: a dry run's fake tensors have none)
+            counts = counts.scatter_add(0, chosen.reshape(-1), torch.ones(chosen.numel(), device=counts.device))
             probs = probs + weights.sum(dim=0)
             rows = rows + weights.shape[0]
         if group is not None:
