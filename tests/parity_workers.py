@@ -31,6 +31,14 @@ def train_and_grads(spec, plan: Plan, steps: int) -> dict:
             "comms": first.comms}
 
 
+def assert_parity(got: dict, ref: dict, tols: tuple[float, float, float], label: str = "") -> None:
+    """Losses, full gradients and weights of a parallel run within (loss, grad, weight) tolerances of one process's."""
+    loss = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))
+    assert loss < tols[0], (label, got["losses"], ref["losses"])
+    assert max_diff(got["grads"], ref["grads"]) < tols[1], label
+    assert max_diff(got["weights"], ref["weights"]) < tols[2], label
+
+
 def max_diff(a: dict, b: dict) -> float:
     """Largest absolute difference between two dicts of tensors with the same names."""
     assert set(a) == set(b), f"names differ: {sorted(set(a) ^ set(b))}"

@@ -147,12 +147,8 @@ CASES = [(m, label, fields) for m in sorted(CONFIGS) for label, fields in PLANS_
 @pytest.mark.parametrize("model_type, label, fields", CASES, ids=[f"{m}-{label}" for m, label, _ in CASES])
 def test_every_family_matches_one_process_under_every_plan(results, model_type, label, fields):
     ref = W.reference(spec_of(model_type), dict(SMALL, **fields), STEPS)
-    got = results[f"{model_type}-{label}"]
     tols = (BF16_TOL,) * 3 if fields.get("precision") == "bf16" else (LOSS_TOL, GRAD_TOL, WEIGHT_TOL)
-    loss = max(abs(a - b) for a, b in zip(got["losses"], ref["losses"]))
-    assert loss < tols[0], (label, got["losses"], ref["losses"])
-    assert W.max_diff(got["grads"], ref["grads"]) < tols[1]
-    assert W.max_diff(got["weights"], ref["weights"]) < tols[2]
+    W.assert_parity(results[f"{model_type}-{label}"], ref, tols, label)
 
 
 @pytest.mark.multirank
