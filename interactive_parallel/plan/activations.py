@@ -16,7 +16,7 @@ which first runs the block again: the peak comes either at the end of the forwar
 first block's backward, with that block's recomputed set live (and under a pipeline
 schedule, whose backwards run inside the step's autocast region, the weight copies the
 recomputation makes stay cached). What differs between families is data in
-plan.models.FamilyInfo (norm_saves, mlp_saves, rotary_path, position_embedding_path, the
+plan.facts.FamilyInfo (norm_saves, mlp_saves, rotary_path, position_embedding_path, the
 tp_plan's colwise linears; a mixture-of-experts block, ExpertsInfo: see moe_saves).
 
 "Activations" means what the memory probe measures (runtime/probes/memory.py): on CPU the
