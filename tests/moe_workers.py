@@ -19,15 +19,16 @@ MOE = {"mixtral": dict(model_type="mixtral", num_local_experts=4, num_experts_pe
 PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5="]
 
 
-def config_of(name: str) -> dict:
-    return dict(BASE, **MOE[name])
+def config_of(name: str, **changes) -> dict:
+    return dict(BASE, **MOE[name], **changes)
 
 
-def spec_of(name: str):
+def spec_of(name: str, **changes):
+    """The spec of MOE[name] (with `changes` to its config), its facts derived."""
     from interactive_parallel.plan.models import spec_from_config_dict
     from interactive_parallel.runtime.families import with_facts
 
-    return with_facts(spec_from_config_dict(config_of(name), name=f"tiny-{name}"))
+    return with_facts(spec_from_config_dict(config_of(name, **changes), name=f"tiny-{name}"))
 
 
 def train_group(rank: int, configs: list[tuple[str, str, dict]], steps: int) -> dict:

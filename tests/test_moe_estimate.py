@@ -15,18 +15,12 @@ import math
 
 import pytest
 
+import moe_workers as M
 import parity_workers as W
 from interactive_parallel import Plan
 from interactive_parallel.plan.estimate import local_tensors, param_inventory, predict_comms, predict_memory
-from interactive_parallel.plan.models import spec_from_config_dict
 
-BASE = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0, bos_token_id=1,
-            eos_token_id=2)
-CONFIGS = {
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48),
-}
+FAMILIES = ("mixtral", "qwen3_moe")
 SMALL = dict(batch_size=8, seq_len=16)
 PLANS_2 = {"dp2": dict(dp=2), "dp2-ep2": dict(dp=2, ep=2), "fsdp2-ep2": dict(fsdp=2, ep=2), "fsdp2": dict(fsdp=2),
            "tp2": dict(tp=2), "pp2": dict(pp=2)}
@@ -35,16 +29,13 @@ ACT_TOL, MEAN_TOL, COMM_TOL = 0.10, 0.03, 0.10
 
 
 def spec_of(model_type: str):
-    from interactive_parallel.runtime.families import with_facts
-
-    return with_facts(spec_from_config_dict(dict(BASE, model_type=model_type, **CONFIGS[model_type]),
-                                            name=f"tiny-{model_type}"))
+    return M.spec_of(model_type, num_hidden_layers=2)  # two blocks: the arithmetic, not the depth
 
 
 # ---- the inventory's arithmetic -------------------------------------------------------------------------
 
 @pytest.mark.rank1
-@pytest.mark.parametrize("model_type", sorted(CONFIGS))
+@pytest.mark.parametrize("model_type", FAMILIES)
 def test_expert_weights_per_rank_follow_ep_fsdp_tp_and_pp(model_type):
     from interactive_parallel.runtime.models import build_model
 
@@ -93,7 +84,7 @@ def measured():
 
     out = {}
     for world, plans in ((2, PLANS_2), (4, PLANS_4)):
-        configs = [(f"{m}|{label}", spec_of(m), dict(SMALL, **fields)) for m in sorted(CONFIGS)
+        configs = [(f"{m}|{label}", spec_of(m), dict(SMALL, **fields)) for m in FAMILIES
                    for label, fields in plans.items()]
         ranks = run_ranks(W.one_step_records, world, configs, "fp32", timeout_s=600)
         for key in ranks[0]:
@@ -102,7 +93,7 @@ def measured():
     return out
 
 
-CASES = [(m, label, fields) for m in sorted(CONFIGS) for label, fields in {**PLANS_2, **PLANS_4}.items()]
+CASES = [(m, label, fields) for m in FAMILIES for label, fields in {**PLANS_2, **PLANS_4}.items()]
 
 
 @pytest.mark.multirank

@@ -98,9 +98,15 @@ class Plan:
         return self.dp > 1 and self.world_size == self.dp and self.ep == 1
 
     @property
+    def data_ranks(self) -> int:
+        """Ranks that see different tokens of a step (dp x fsdp x cp): the data-parallel ranks of
+        the gradients' mean, over which expert parallelism rides."""
+        return self.dp * self.fsdp * self.cp
+
+    @property
     def expert_replicas(self) -> int:
         """Data-parallel ranks holding the same experts: dp x fsdp x cp / ep."""
-        return self.dp * self.fsdp * self.cp // max(self.ep, 1)
+        return self.data_ranks // max(self.ep, 1)
 
     @property
     def data_parallel(self) -> int:
@@ -288,9 +294,8 @@ def _combination_problems(plan: Plan) -> list[str]:
     """Layouts the runtime cannot compose, and pipeline schedule limits."""
     problems = []
     if plan.ep > 1:
-        ranks = plan.dp * plan.fsdp * plan.cp
-        if ranks % plan.ep:
-            problems.append(f"ep({plan.ep}) does not divide dp*fsdp*cp({ranks}): expert parallelism rides on "
+        if plan.data_ranks % plan.ep:
+            problems.append(f"ep({plan.ep}) does not divide dp*fsdp*cp({plan.data_ranks}): expert parallelism rides on "
                             "the data-parallel ranks")
     if plan.cp > 1 and plan.pp > 1:
         problems.append(f"cp({plan.cp}) with pp({plan.pp}) is not supported: context-parallel attention "

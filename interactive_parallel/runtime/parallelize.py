@@ -100,11 +100,12 @@ def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallel
     if spec.family_info.experts is not None:  # 2b. experts: routing counted; under ep, split over the ep ranks
         from .parallel.ep import apply_ep, attach_counter
 
+        from .mesh import data_group
         from .router_loss import RouterLogits, wanted
 
         par.routing = attach_counter(raw, spec, plan, layer_ids, rank)
         if wanted(spec):  # the config's load-balancing loss, over the whole batch
-            par.router_logits = RouterLogits(raw, spec, layer_ids)
+            par.router_logits = RouterLogits(raw, spec, layer_ids, data_group(plan, mesh))
         if plan.ep > 1:
             par.expert_params, par.expert_group = apply_ep(raw, spec, plan, layer_ids, device.type)
     if plan.cp > 1:  # 3. context parallel: attention rerouted, the forward takes position ids

@@ -62,11 +62,7 @@ class Parallelized:
     def with_router_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """`loss` plus the routers' load-balancing loss over the whole batch, when the config asks
         for it (a collective over the data-parallel ranks), scaled as `loss` is by grad_accum."""
-        if self.router_logits is None:
-            return loss
-        from .mesh import data_group
-
-        aux = self.router_logits.take(data_group(self.plan, self.mesh))
+        aux = self.router_logits.take() if self.router_logits is not None else None
         return loss if aux is None else loss + aux / self.plan.grad_accum
 
     @property
@@ -134,7 +130,7 @@ class Parallelized:
         if self.expert_params:
             from .parallel.ep import sync_expert_grads
 
-            sync_expert_grads(self.expert_params, self.expert_group, self.plan.dp * self.plan.fsdp * self.plan.cp)
+            sync_expert_grads(self.expert_params, self.expert_group, self.plan.data_ranks)
         if self.tie_group is None:
             return
         fam = self.spec.family_info

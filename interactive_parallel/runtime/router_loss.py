@@ -36,8 +36,9 @@ def wanted(spec: ModelSpec) -> bool:
 class RouterLogits:
     """The router logits of the forwards since the last `take` (not those of a recomputation)."""
 
-    def __init__(self, raw: nn.Module, spec: ModelSpec, layer_ids: list[int]):
+    def __init__(self, raw: nn.Module, spec: ModelSpec, layer_ids: list[int], group=None):
         fam = spec.family_info
+        self.group = group  # the data-parallel ranks the batch is spread over (None: this rank alone)
         layers = raw.get_submodule(fam.layers_path)
         self.logits: list[torch.Tensor] = []
         self.coef = float(spec.config[fam.experts.aux_loss_key])
@@ -46,11 +47,13 @@ class RouterLogits:
             layers[i].get_submodule(fam.experts.router_path).register_forward_hook(self._keep)
 
     def _keep(self, _module, _args, out) -> None:
-        if torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+        from .parallel.ac import in_backward
+
+        if torch.is_grad_enabled() and not in_backward():
             self.logits.append(out[0] if isinstance(out, tuple) else out)
 
-    def take(self, group) -> torch.Tensor | None:
-        """coef x the batch's load-balancing loss over `group`'s ranks (None: no forward was kept)."""
+    def take(self) -> torch.Tensor | None:
+        """coef x the batch's load-balancing loss over the group's ranks (None: no forward was kept)."""
         logits, self.logits = self.logits, []
         if not logits:
             return None
@@ -64,12 +67,12 @@ class RouterLogits:
             counts = counts.scatter_add(0, chosen.reshape(-1), torch.ones(chosen.numel(), device=counts.device))
             probs = probs + weights.sum(dim=0)
             rows = rows + weights.shape[0]
-        if group is not None:
+        if self.group is not None:
             import torch.distributed as dist
             import torch.distributed._functional_collectives as funcol
 
             sums = torch.cat([counts, rows.reshape(1)])
-            dist.all_reduce(sums, group=group)
+            dist.all_reduce(sums, group=self.group)
             counts, rows = sums[:-1], sums[-1]
-            probs = funcol.all_reduce(probs, "sum", group)
+            probs = funcol.all_reduce(probs, "sum", self.group)
         return self.coef * self.num_experts * torch.sum((counts / rows) * (probs / rows))

@@ -181,17 +181,15 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     hover = [[""] * grid.cols for _ in range(grid.rows)]
     for rank in range(grid.world):
         row, col = grid.cell(rank)
-        coords = grid.coords(rank)
-        label = " ".join(f"{a}{v}" for a, v in coords.items())
+        label = " ".join(f"{a}{v}" for a, v in grid.coords(rank).items())
         rec = colour_by.get(rank)
         z[row][col] = (rec.params + rec.grads + rec.optimizer + (rec.activations or 0)) / unit if rec else 0.0
         text[row][col] = f"{rank}<br>{label}"
         lines = [f"rank {rank}: {label}"]
-        if experts_held:
-            lo, hi, ep_rank = experts_held[rank]
-            z[row][col] = ep_rank
-            text[row][col] += f"<br>E{lo}-{hi}"
-            lines.append(f"holds experts {lo}..{hi} of every MoE layer (ep rank {ep_rank})")
+        if experts_held:  # coloured by the experts held, in place of memory
+            z[row][col], note, line = experts_held[rank]
+            text[row][col] += note
+            lines.append(line)
         if param is not None:
             lines.append(_holds(held.get(rank), param))
         lines += [s for s in (_mem(pred.get(rank), "predicted"), _mem(measured.get(rank), "measured")) if s]
@@ -218,8 +216,8 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     return fig
 
 
-def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[int, int, int]]:
-    """rank -> (first expert, last expert, ep rank) under a Plan with ep > 1, else {}."""
+def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[int, str, str]]:
+    """rank -> (its ep rank, the cell's note, the hover line) under a Plan with ep > 1, else {}."""
     ep = getattr(shape, "ep", 1)
     if ep <= 1 or not num_experts or not hasattr(shape, "mesh_shape"):
         return {}
@@ -227,7 +225,8 @@ def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[i
     out = {}
     for rank in range(world):
         ep_rank = expert_coords(rank, shape.mesh_shape, ep)[1]
-        out[rank] = (ep_rank * local, (ep_rank + 1) * local - 1, ep_rank)
+        lo, hi = ep_rank * local, (ep_rank + 1) * local - 1
+        out[rank] = (ep_rank, f"<br>E{lo}-{hi}", f"holds experts {lo}..{hi} of every MoE layer (ep rank {ep_rank})")
     return out
 
 

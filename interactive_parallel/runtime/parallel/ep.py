@@ -61,7 +61,9 @@ class RoutingCounter:
     def counting() -> bool:
         """Not inside a backward pass: a recomputed forward (activation checkpointing) routes the
         same tokens again and is not counted twice."""
-        return torch._C._current_graph_task_id() == -1
+        from .ac import in_backward
+
+        return not in_backward()
 
     def _counts(self, ids: torch.Tensor, n: int) -> list[int]:
         """Per-expert counts of `ids` among `n` experts (uniform: the even split of their number)."""
