@@ -9,7 +9,8 @@ on the first call) and for the whole process, the process's peak RSS, and the bu
 rank's bytes (params + grads + optimizer + activations, as the dry run records them).
 The goal: <= 60 s and <= 2 GB on a 2-core machine (the MoE row: <= 120 s, <= 2 GB).
 Run: .venv/bin/python bench/bench_dryrun.py [--quick | --first | --moe]
-(--quick: Llama-3-8B on 64 ranks only; --moe: the Qwen3-235B row only)
+(--quick: Llama-3-8B on 64 ranks only; --moe: the Qwen3-235B row only; --paper: Llama-3.1-405B
+on the 1,024 ranks of its paper's 16 uneven stages)
 Knows nothing of pytest or of a Session.
 """
 from __future__ import annotations
@@ -23,7 +24,8 @@ import time
 CASES = [
     ("llama-3-70b", "dp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
     ("llama-3-70b", "fsdp=16 pp=8 tp=8 batch_size=128 seq_len=4096 precision=bf16"),
-    ("llama-3.1-405b", "fsdp=8 pp=14 tp=8 batch_size=112 seq_len=8192 precision=bf16"),
+    # The Llama 3 paper's layout: 126 layers on 16 stages (7, 8 x 14, 7: the first and last also embed / hold the head)
+    ("llama-3.1-405b", "fsdp=8 pp=16 tp=8 batch_size=128 seq_len=8192 precision=bf16"),
     ("qwen3-235b-a22b", "pp=2 fsdp=128 ep=16 batch_size=256 seq_len=4096 precision=bf16 recompute=full"),
 ]
 MOE = [c for c in CASES if c[0] == "qwen3-235b-a22b"]
@@ -59,8 +61,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="Llama-3-8B on 64 ranks only")
     parser.add_argument("--first", action="store_true", help="only the 70B on 1,024 ranks (the goal)")
     parser.add_argument("--moe", action="store_true", help="only Qwen3-235B-A22B on 256 ranks")
+    parser.add_argument("--paper", action="store_true", help="only Llama-3.1-405B on 16 uneven stages")
     args = parser.parse_args()
-    cases = QUICK if args.quick else CASES[:1] if args.first else MOE if args.moe else CASES
+    paper = [c for c in CASES if c[0] == "llama-3.1-405b"]
+    cases = QUICK if args.quick else CASES[:1] if args.first else MOE if args.moe else paper if args.paper else CASES
     print(f"{'model':15} {'plan':75} {'ranks':>6} {'simulated':>9} {'dry run s':>9} {'process s':>9} {'peak RSS':>9} "
           f"{'busiest rank: params / grads / optimizer / activations (GiB)':>60}")
     gib = 2 ** 30

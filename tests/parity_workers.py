@@ -227,32 +227,72 @@ def replan_groups(rank: int, scenarios: list[tuple], bf16_plan: dict) -> dict:
     return out
 
 
-def cp_attention_grads(rank: int, shape: tuple, cp: int) -> dict:
-    """Output and dQ/dK/dV of cp_attention on this rank's load-balanced share of a causal sequence."""
+def _qkvw(shape: tuple, groups: int):
     import torch
+
+    torch.manual_seed(0)
+    kv_shape = (shape[0], shape[1] // groups, shape[2], shape[3])
+    q, k, v = torch.randn(shape), torch.randn(kv_shape), torch.randn(kv_shape)
+    w = torch.randn(shape[0], shape[2], shape[1], shape[3])  # weights of the output, (B, S, H, D)
+    return q, k, v, w
+
+
+def cp_attention_grads(rank: int, shape: tuple, cp: int, method: str = "allgather", groups: int = 1,
+                       window: int | None = None) -> dict:
+    """Output and dQ/dK/dV of cp_attention on this rank's load-balanced share of a causal sequence
+    (`groups` query heads per kv head, an optional sliding `window`)."""
     import torch.distributed as dist
     from torch import nn
 
     from interactive_parallel.runtime.parallel.cp import cp_attention, shard_sequence
 
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(shape) for _ in range(3))
-    w = torch.randn(shape[0], shape[2], shape[1], shape[3])  # weights of the output, (B, S, H, D)
+    q, k, v, w = _qkvw(shape, groups)
     module = nn.Module()
-    module._ip_cp_group, module.num_key_value_groups = dist.group.WORLD, 1
+    module._ip_cp_group, module.num_key_value_groups, module._ip_cp_method = dist.group.WORLD, groups, method
+    module.sliding_window = window
     local = [shard_sequence(t, cp, rank, dim=2).requires_grad_() for t in (q, k, v)]
     out, _ = cp_attention(module, *local, None, scaling=shape[-1] ** -0.5)
     (out * shard_sequence(w, cp, rank, dim=1)).sum().backward()
     return {"out": out.detach(), "dq": local[0].grad, "dk": local[1].grad, "dv": local[2].grad}
 
 
-def cp_attention_reference(shape: tuple) -> dict:
+def cp_attention_cases(rank: int, cases: list[tuple]) -> list[dict]:
+    """cp_attention_grads for each (shape, cp, method, groups, window), in one spawned group."""
+    return [cp_attention_grads(rank, *case) for case in cases]
+
+
+def cp_attention_reference(shape: tuple, groups: int = 1, window: int | None = None) -> dict:
     import torch
     import torch.nn.functional as F
 
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(shape).requires_grad_() for _ in range(3))
-    w = torch.randn(shape[0], shape[2], shape[1], shape[3])
-    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=shape[-1] ** -0.5).transpose(1, 2)
+    q, k, v, w = _qkvw(shape, groups)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    s = shape[2]
+    pos = torch.arange(s)
+    mask = pos[:, None] >= pos[None, :]
+    if window:
+        mask &= pos[:, None] - pos[None, :] < window
+    out = F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1),
+                                         attn_mask=mask, scale=shape[-1] ** -0.5).transpose(1, 2)
     (out * w).sum().backward()
     return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+def ring_comm_records(rank: int, fields: dict) -> dict:
+    """The comm records of one training step (forward and backward) of tiny-llama under `fields`."""
+    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.train import make_optimizer, train_step
+
+    par = parallelize(PRESETS["tiny-llama"], Plan(**fields))
+    rec = train_step(par, make_optimizer(par), 0, rank=rank)
+    state.get().reset_model()
+    return {"comms": rec.comms, "coords": par.coords}
+
+
+def ring_group(rank: int, attention_cases: list[tuple], configs: list[tuple], steps: int, comm_plan: dict) -> dict:
+    """Ring CP in one spawned group: cp_attention cases, parity_group runs and one step's comm
+    records under `comm_plan` (every rank's attention results and records; rank 0's parity runs)."""
+    attention = cp_attention_cases(rank, attention_cases)
+    parity = parity_group(rank, configs, steps)
+    return {"attention": attention, "parity": parity, **ring_comm_records(rank, comm_plan)}

@@ -72,6 +72,16 @@ def test_context_parallel_keeps_whole_sequence_k_and_v():
 
 
 @pytest.mark.pure
+def test_ring_context_parallel_keeps_only_the_local_k_and_v():
+    """Ring CP saves this rank's K/V block, as without cp: every attention tensor halves at cp=2."""
+    base = layer_parts(LLAMA, Plan(), rows=8)
+    ring = layer_parts(LLAMA, Plan(cp=2, cp_method="ring"), rows=8)
+    assert ring.attention * 2 == base.attention and ring.mlp * 2 == base.mlp
+    gather = layer_parts(LLAMA, Plan(cp=2), rows=8)
+    assert gather.attention - ring.attention == 2 * 8 * 64 * H * 4 // 2 + 32 * 64 * 4  # the other half of K/V, the mask
+
+
+@pytest.mark.pure
 def test_autocast_halves_matmul_tensors_and_copies_each_linear_input_and_weight():
     fp32, bf16 = Plan(), Plan(precision="bf16")
     assert act_bytes(fp32) == 4 and act_bytes(bf16) == 2
@@ -107,6 +117,49 @@ def test_schedule_order_runs_each_microbatch_forward_then_backward(schedule, pp,
             assert in_flight == m
 
 
+def _torch_order(plan: Plan, rank: int) -> list[tuple[str, int]]:
+    """The schedule class's own pipeline_order for `rank` (mock stages, no process group), as
+    schedule_order spells it: I -> 'B', a full backward -> 'B', 'W'; overlapped F/B -> its halves."""
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    from interactive_parallel.plan.plan import TORCH_SCHEDULES
+
+    ops = get_schedule_ops(TORCH_SCHEDULES[plan.pp_schedule], plan.pp, plan.n_microbatches, plan.stages_per_rank)
+    local = {s: i for i, s in enumerate(plan.stage_ids(rank))}
+    spelled = {"F": ["F"], "I": ["B"], "W": ["W"], "B": ["B", "W"]}
+    out = []
+    for action in ops[rank]:
+        for a in (action.sub_actions or (action,)) if action is not None else ():
+            out += [(x, local[a.stage_index]) for x in spelled[a.computation_type.value]]
+    return out
+
+
+@pytest.mark.rank1
+@pytest.mark.parametrize("schedule,pp,m,v", [
+    ("interleaved-zb", 2, 2, 2), ("interleaved-zb", 2, 3, 2), ("interleaved-zb", 2, 4, 2), ("interleaved-zb", 4, 8, 2),
+    ("interleaved-zb", 2, 4, 3), ("interleaved-zb", 4, 6, 2),
+    ("zbv", 2, 1, 2), ("zbv", 2, 2, 2), ("zbv", 2, 5, 2), ("zbv", 4, 4, 2), ("zbv", 4, 9, 2),
+    ("dualpipev", 2, 4, 2), ("dualpipev", 2, 7, 2), ("dualpipev", 4, 8, 2), ("dualpipev", 4, 11, 2)])
+def test_zero_bubble_order_is_torchs(schedule, pp, m, v):
+    plan = Plan(pp=pp, microbatches=m, pp_schedule=schedule, virtual_stages=v, batch_size=4 * m)
+    for rank in range(pp):
+        order = schedule_order(plan, rank)
+        assert order == _torch_order(plan, rank), (rank, order)
+        for local in range(plan.stages_per_rank):
+            acts = [a for a, s in order if s == local]
+            assert acts.count("F") == acts.count("B") == acts.count("W") == m
+
+
+@pytest.mark.pure
+def test_zero_bubble_peak_keeps_linear_inputs_until_the_weight_half():
+    one_f = Plan(pp=2, pp_schedule="1f1b", microbatches=4, batch_size=8)
+    zbv = one_f.replace(pp_schedule="zbv")
+    assert predict_activations(LLAMA, zbv, 0) > 0
+    # the weight halves hold a stage's linear inputs a while longer than a full backward would
+    (z, _), (f, _) = peak_parts(LLAMA, zbv, 1), peak_parts(LLAMA, one_f, 1)
+    assert z.linear_inputs > 0 and z.total > 0 and f.total > 0
+
+
 @pytest.mark.pure
 def test_pipeline_peak_holds_the_in_flight_microbatches():
     gpipe = Plan(pp=2, pp_schedule="gpipe", microbatches=4, batch_size=8)
@@ -130,6 +183,32 @@ def test_prediction_within_ten_percent_of_the_probe(parity_steps, label, precisi
     assert sorted(got) == list(range(plan.world_size))
     for rank, m in got.items():
         p = predicted[rank]
+        assert (m.params, m.grads, m.optimizer) == (p.params, p.grads, p.optimizer), (rank, m, p)
+        assert abs(p.activations - m.activations) <= ACT_TOLERANCE * m.activations, \
+            f"rank {rank}: predicted {p.activations}, measured {m.activations} ({p.activations / m.activations:.3f})"
+
+
+RING_PLANS = [("cp4-ring", "tiny-llama", dict(cp=4, cp_method="ring")),
+              ("cp2xdp2-ring", "tiny-llama", dict(cp=2, dp=2, cp_method="ring"))]
+
+
+@pytest.fixture(scope="module")
+def ring_steps():
+    from mp_harness import run_ranks
+    from parity_workers import one_step_records
+
+    return {precision: run_ranks(one_step_records, 4, RING_PLANS, precision) for precision in ("fp32", "bf16")}
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("label", [p[0] for p in RING_PLANS])
+def test_ring_prediction_within_ten_percent_of_the_probe(ring_steps, label, precision):
+    fields = {p[0]: p[2] for p in RING_PLANS}[label]
+    plan = Plan(**fields, precision=precision)
+    predicted = predict_memory(LLAMA, plan)
+    for rank, recs in enumerate(ring_steps[precision]):
+        m, p = recs[label][0], predicted[rank]
         assert (m.params, m.grads, m.optimizer) == (p.params, p.grads, p.optimizer), (rank, m, p)
         assert abs(p.activations - m.activations) <= ACT_TOLERANCE * m.activations, \
             f"rank {rank}: predicted {p.activations}, measured {m.activations} ({p.activations / m.activations:.3f})"

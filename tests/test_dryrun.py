@@ -77,7 +77,11 @@ CLASS_PLANS = [
     pytest.param({**PRESETS["tiny-llama"].config, "vocab_size": 130}, dict(fsdp=4, batch_size=8), id="fsdp4-uneven"),
     pytest.param("tiny-gpt2", dict(pp=2, tp=2, sequence_parallel=True), id="gpt2-pp2xtp2-sp"),
     pytest.param("tiny-llama", dict(pp=2, pp_schedule="interleaved-1f1b", dp=2), id="pp2-interleaved-dp2"),
+    pytest.param("tiny-llama", dict(pp=2, pp_schedule="zbv", fsdp=2), id="pp2-zbv-fsdp2"),
     pytest.param("tiny-llama", dict(dp=2, cp=2, fsdp=2), id="dp2xfsdp2xcp2"),
+    pytest.param("tiny-llama", dict(dp=2, cp=2, cp_method="ring"), id="dp2xcp2-ring"),
+    pytest.param("tiny-llama", dict(pp=2, dp=2, stage_layers=(1, 3)), id="pp2-stages-1-3-dp2"),
+    pytest.param({**PRESETS["tiny-llama"].config, "num_hidden_layers": 3}, dict(pp=2, dp=2), id="pp2-3-layers-dp2"),
 ]
 
 
@@ -126,6 +130,27 @@ def test_a_parameter_across_every_rank_tiles_the_whole_tensor():
     assert len(covered) == rows * cols and set(covered.values()) == {1}  # each element exactly once
     with pytest.raises(KeyError, match="no rank holds"):
         d.layout(param="no.such.weight")
+
+
+@pytest.mark.rank1
+@pytest.mark.parametrize("model,head", [("tiny-llama", "lm_head.weight"), ("tiny-gpt2", None)])
+def test_loss_parallel_splits_the_embedding_and_head_on_the_vocabulary(model, head):
+    """The layout view's records: each tp rank holds its half of the vocabulary rows of the token
+    embedding and the LM head (GPT-2's tied pair: one weight, split once); without loss parallel
+    both are whole on every tp rank. (tests/test_dryrun's live comparison holds these records
+    equal to a live run's.)"""
+    from interactive_parallel import dry_run
+
+    embed = PRESETS[model].family_info.embedding_path + ".weight"
+    for lp, rows in ((True, [[0, 64], [64, 128]]), (False, [[0, 128], [0, 128]])):
+        d = dry_run(model, Plan(tp=2, loss_parallel=lp, batch_size=4, seq_len=16))
+        for name in filter(None, (embed, head)):
+            shards = sorted(d.layout(param=name), key=lambda s: s.rank)
+            assert [s.index[0] for s in shards] == rows, (lp, name)
+            if lp:
+                assert all(s.placements == ["Shard(dim=0)"] and s.mesh_axes == ["tp"] for s in shards), name
+        names = {s.param for s in d.layout(rank=0)}
+        assert (head in names) if head else ("lm_head.weight" not in names)
 
 
 @pytest.mark.rank1

@@ -58,6 +58,22 @@ def test_tp_shards_only_the_plan_linears():
     assert tp["model.embed_tokens.weight"] == 128 * 64 and tp["model.norm.weight"] == 64
 
 
+def test_loss_parallel_splits_the_vocabulary_weights_and_adds_two_all_reduces():
+    """Embedding and head 1/tp per rank (GPT-2's tied pair counted once); the two extra tp
+    all-reduces of a [tokens, h] activation, as the comm ledger measured them (tp2, 8x64: 28 ->
+    30 all-reduces, 3670016 -> 3932160 bytes)."""
+    lp = {p.name: held for p, held, _ in local_tensors(LLAMA, Plan(tp=2, loss_parallel=True), 1)}
+    assert lp["model.embed_tokens.weight"] == lp["lm_head.weight"] == 128 * 64 // 2
+    assert lp["model.layers.0.input_layernorm.weight"] == 64
+    tied = [p.name for p, _, _ in local_tensors(GPT2, Plan(tp=2, loss_parallel=True), 0)]
+    assert tied.count("transformer.wte.weight") == 1 and "lm_head.weight" not in tied
+    assert predict_memory(LLAMA, Plan(tp=2, loss_parallel=True))[0].params == 559360  # measured by the probe
+    tp = [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2), 0)]
+    assert tp == [("all_reduce", "tp", 28, 3670016)]
+    assert [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2, loss_parallel=True), 0)] == \
+        [("all_reduce", "tp", 30, 3932160)]
+
+
 def test_pipeline_ownership_and_tied_head():
     owned = [{p.name for p, _, _ in local_tensors(GPT2, Plan(pp=2), r)} for r in (0, 1)]
     assert "transformer.wte.weight" in owned[0] and "transformer.wte.weight" in owned[1]
@@ -66,6 +82,12 @@ def test_pipeline_ownership_and_tied_head():
     inter = Plan(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
     layers0 = {p.layer for p, _, _ in local_tensors(LLAMA, inter, 0) if p.layer is not None}
     assert layers0 == {0, 2}  # loop order: stages 0 and 2
+    for schedule in ("zbv", "dualpipev"):  # a V: rank 0 holds stages 0 and 3, both ends of the model
+        v = Plan(pp=2, pp_schedule=schedule, microbatches=4)
+        assert {p.layer for p, _, _ in local_tensors(LLAMA, v, 0) if p.layer is not None} == {0, 3}
+        ends = [{p.name for p, _, _ in local_tensors(GPT2, v, r)} for r in (0, 1)]
+        assert {"transformer.wte.weight", "transformer.ln_f.weight"} <= ends[0]
+        assert not ends[1] & {"transformer.wte.weight", "transformer.ln_f.weight", "transformer.wpe.weight"}
 
 
 def test_comms_rules():
@@ -77,3 +99,6 @@ def test_comms_rules():
     assert pp["send"].bytes == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
     tp = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
     assert tp[("all_reduce", "tp")].count == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer
+    ring = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(cp=4, cp_method="ring"))}
+    assert ("all_gather", "cp") not in ring  # 3 K|V hops forward, 3 K|V + 4 dK|dV hops backward, per layer
+    assert ring[("send", "cp")].count == 4 * (3 + 3 + 4) and ring[("send", "cp")].bytes == 40 * 2 * 8 * 16 * 64 * 4

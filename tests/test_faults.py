@@ -38,9 +38,11 @@ LIMITS = {"kill": KILL_LIMIT_S, "raise": KILL_LIMIT_S, "hang": HANG_LIMIT_S, "sk
 LOSS_TOL = 1e-5
 BATCH = dict(batch_size=8, seq_len=32)
 SLOW_S = 2.0
-PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "dp2xtp2": dict(dp=2, tp=2), "pp2xdp2": dict(pp=2, dp=2)}
-VICTIM = {"dp4": 1, "fsdp4": 2, "dp2xtp2": 3, "pp2xdp2": 2}
-WHERE = {"dp4": "step", "fsdp4": "step", "dp2xtp2": "collective", "pp2xdp2": "collective"}
+PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "dp2xtp2": dict(dp=2, tp=2), "pp2xdp2": dict(pp=2, dp=2),
+         "pp2xdp2-zbv": dict(pp=2, dp=2, pp_schedule="zbv"), "cp2xdp2-ring": dict(cp=2, dp=2, cp_method="ring")}
+VICTIM = {"dp4": 1, "fsdp4": 2, "dp2xtp2": 3, "pp2xdp2": 2, "pp2xdp2-zbv": 1, "cp2xdp2-ring": 1}
+WHERE = {"dp4": "step", "fsdp4": "step", "dp2xtp2": "collective", "pp2xdp2": "collective", "pp2xdp2-zbv": "collective",
+         "cp2xdp2-ring": "collective"}
 """At the step boundary, or inside the step's second collective (collective=1)."""
 FAULTS = ("raise", "kill", "hang", "skip_collective", "slow")
 KEPT = {"raise": "kept", "kill": "snapshot", "hang": "snapshot", "skip_collective": "snapshot"}

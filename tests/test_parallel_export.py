@@ -32,6 +32,16 @@ def test_script_text_is_python_naming_the_plan():
     assert "torchrun --nproc_per_node 4" in text and "ipyparallel" not in text.replace("(no ipyparallel)", "")
 
 
+def test_every_new_plan_field_survives_the_script():
+    """The script rebuilds the Plan from its text: the fields of the later layouts (uneven stages,
+    schedules, ring attention, loss parallel, compile) come back equal, tuples included."""
+    plan = Plan(pp=2, tp=2, stage_layers=(1, 3), pp_schedule="zbv", microbatches=4, cp_method="ring",
+                loss_parallel=True, compile=False)
+    text = script_text(PRESETS["tiny-llama"], plan, 2)
+    literal = re.search(r"PLAN = Plan\(\*\*(\{.*?\})\)", text, re.S).group(1)
+    assert Plan(**eval(literal)) == plan
+
+
 def test_a_derived_familys_script_derives_again_and_reads_the_sessions_text(tmp_path):
     """The facts are not written out (the script's parallelize derives them from the config), and
     the text the session trained on is the script's too."""
@@ -62,8 +72,12 @@ def _spec(model: str):
     return M.spec_of(model)
 
 
-@pytest.mark.parametrize("model, plan", [("tiny-llama", PLAN), ("mixtral", Plan(dp=2, tp=2, ep=2))],
-                         ids=["tiny-llama-dp2xtp2", "mixtral-dp2xtp2xep2"])
+@pytest.mark.parametrize("model, plan", [("tiny-llama", PLAN), ("mixtral", Plan(dp=2, tp=2, ep=2)),
+                                         ("tiny-llama", Plan(pp=2, dp=2, pp_schedule="zbv")),
+                                         ("tiny-llama", Plan(dp=2, tp=2, loss_parallel=True)),
+                                         ("tiny-llama", Plan(dp=2, cp=2, cp_method="ring"))],
+                         ids=["tiny-llama-dp2xtp2", "mixtral-dp2xtp2xep2", "tiny-llama-pp2xdp2-zbv",
+                              "tiny-llama-dp2xtp2-loss-parallel", "tiny-llama-dp2xcp2-ring"])
 def test_exported_script_reproduces_first_step_loss(tmp_path, model, plan):
     script = tmp_path / "run.py"
     spec = _spec(model)

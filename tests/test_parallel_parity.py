@@ -28,9 +28,17 @@ CONFIGS_2 = [
     ("llama-pp2-1f1b", LLAMA, dict(pp=2, pp_schedule="1f1b")),
     ("llama-pp2-interleaved", LLAMA, dict(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)),
     ("llama-pp2-1f1b-accum2-mb4", LLAMA, dict(pp=2, microbatches=4, grad_accum=2)),
+    ("llama-pp2-uneven-1-3", LLAMA, dict(pp=2, stage_layers=(1, 3))),
+    ("llama-pp2-interleaved-zb", LLAMA, dict(pp=2, pp_schedule="interleaved-zb", virtual_stages=2)),
+    ("llama-pp2-zbv", LLAMA, dict(pp=2, pp_schedule="zbv")),
+    ("llama-pp2-dualpipev", LLAMA, dict(pp=2, pp_schedule="dualpipev", microbatches=4)),
     ("llama-cp2", LLAMA, dict(cp=2)),
     ("gpt2-pp2", GPT2, dict(pp=2)),
     ("gpt2-tp2", GPT2, dict(tp=2)),
+    # loss parallel: embedding and head split on the vocabulary, the loss on the split logits
+    ("llama-tp2-lp", LLAMA, dict(tp=2, loss_parallel=True)),
+    ("llama-tp2-sp-lp", LLAMA, dict(tp=2, sequence_parallel=True, loss_parallel=True)),
+    ("gpt2-tp2-lp", GPT2, dict(tp=2, loss_parallel=True)),  # tied: one weight split once
 ]
 CONFIGS_4 = [
     ("llama-dp4", LLAMA, dict(dp=4)),
@@ -42,12 +50,19 @@ CONFIGS_4 = [
     ("llama-hsdp-dp2xfsdp2", LLAMA, dict(dp=2, fsdp=2)),
     ("llama-pp2xtp2", LLAMA, dict(pp=2, tp=2)),
     ("llama-pp2xdp2", LLAMA, dict(pp=2, dp=2)),
+    # Zero-bubble schedules, each beside another axis (FSDP keeps its stages unsharded between the halves)
+    ("llama-pp2xdp2-zbv", LLAMA, dict(pp=2, dp=2, pp_schedule="zbv")),
+    ("llama-pp2xfsdp2-dualpipev", LLAMA, dict(pp=2, fsdp=2, pp_schedule="dualpipev", microbatches=4)),
+    ("llama-pp2xtp2-interleaved-zb", LLAMA, dict(pp=2, tp=2, pp_schedule="interleaved-zb")),
     ("llama-cp2xtp2", LLAMA, dict(cp=2, tp=2)),
     ("llama-cp2xdp2", LLAMA, dict(cp=2, dp=2)),
     ("llama-dp2xtp2-sp", LLAMA, dict(dp=2, tp=2, sequence_parallel=True)),
     ("gpt2-dp2xtp2", GPT2, dict(dp=2, tp=2)),
     ("gpt2-pp2xtp2-sp", GPT2, dict(pp=2, tp=2, sequence_parallel=True)),
     ("gpt2-pp2xfsdp2", GPT2, dict(pp=2, fsdp=2)),
+    ("llama-dp2xtp2-lp", LLAMA, dict(dp=2, tp=2, loss_parallel=True)),
+    ("llama-fsdp2xtp2-lp", LLAMA, dict(fsdp=2, tp=2, loss_parallel=True)),
+    ("gpt2-pp2xtp2-lp", GPT2, dict(pp=2, tp=2, loss_parallel=True)),  # tied across stages
 ]
 ALL = {label: (preset, fields) for label, preset, fields in CONFIGS_2 + CONFIGS_4}
 

@@ -31,11 +31,37 @@ def test_interleaved_needs_layers_divisible_by_stages():
     assert any("pp(4) * virtual_stages(2) = 8" in p and "num_hidden_layers(4)" in p for p in got), got
 
 
-def test_interleaved_needs_two_virtual_stages_and_microbatches_multiple_of_pp():
+def test_interleaved_needs_two_virtual_stages_and_microbatches_multiple_of_its_rounds():
     assert any("virtual_stages(1) >= 2" in p for p in problems(2, pp=2, pp_schedule="interleaved-1f1b",
                                                                  virtual_stages=1))
-    got = problems(2, pp=2, pp_schedule="interleaved-1f1b", microbatches=3, batch_size=6)
-    assert any("microbatches(3)" in p and "pp(2)" in p for p in got), got
+    # torch runs max(1, m // pp) rounds: 3 microbatches at pp 2 are one round (ran at parity), 5 are two
+    assert problems(2, pp=2, pp_schedule="interleaved-1f1b", microbatches=3, batch_size=6) == []
+    got = problems(2, pp=2, pp_schedule="interleaved-1f1b", microbatches=5, batch_size=10)
+    assert any("microbatches(5)" in p and "pp(2)" in p and "= 2" in p for p in got), got
+
+
+@pytest.mark.parametrize("name,m,ok", [
+    ("interleaved-zb", 1, True), ("interleaved-zb", 3, True), ("interleaved-zb", 4, True),
+    ("interleaved-zb", 5, False), ("interleaved-zb", 6, True),
+    ("zbv", 1, True), ("zbv", 2, True), ("zbv", 5, True),
+    ("dualpipev", 3, False), ("dualpipev", 4, True), ("dualpipev", 5, True)])
+def test_zero_bubble_microbatch_rules_are_torchs(name, m, ok):
+    got = problems(2, pp=2, pp_schedule=name, microbatches=m, batch_size=4 * m)
+    assert (got == []) == ok, got
+    if not ok:
+        assert any(f"microbatches({m})" in p and name in p for p in got), got
+
+
+def test_zero_bubble_stage_layouts():
+    v = Plan(pp=2, pp_schedule="zbv")
+    assert (v.n_stages, v.stage_ids(0), v.stage_ids(1), v.zero_bubble) == (4, [0, 3], [1, 2], True)
+    assert [v.stage_owner(s) for s in range(4)] == [0, 1, 1, 0]
+    looped = Plan(pp=2, pp_schedule="interleaved-zb", virtual_stages=1)
+    assert problems(2, pp=2, pp_schedule="interleaved-zb", virtual_stages=1) == []  # torch runs it (measured)
+    assert looped.n_stages == 2
+    assert Plan(pp=2, pp_schedule="ZBVZeroBubble").pp_schedule == "zbv"
+    assert Plan(pp=2, pp_schedule="dualpipev", microbatches=4).describe() == "pp2 dualpipev"
+    assert any("dualpipev" in p and "(4)" in p for p in problems(4, pp=4, pp_schedule="dualpipev", microbatches=4))
 
 
 def test_1f1b_needs_a_microbatch_per_stage():

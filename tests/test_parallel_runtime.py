@@ -26,7 +26,7 @@ LOGIT_TOL = 1e-5
 COLLECTIVE_TIMEOUT_S = 45.0
 NEW_TOKENS = 6
 GEN_PLANS = [dict(tp=2), dict(pp=2), dict(tp=2, sequence_parallel=True), dict(fsdp=2), dict(cp=2),
-             dict(pp=2, pp_schedule="interleaved-1f1b")]
+             dict(pp=2, pp_schedule="interleaved-1f1b"), dict(tp=2, loss_parallel=True), dict(pp=2, pp_schedule="zbv")]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,16 @@ def test_generation_matches_transformers_generate(generated):
             assert [got[i] for i in range(len(W.PROMPTS))] == ref, f"{label} rank {rank}: {got} vs {ref}"
 
 
+def test_loss_parallel_generation_picks_the_same_greedy_tokens(generated):
+    """The head's logits split on the vocabulary: the last position's are gathered before the
+    pick (runtime.decode), so greedy tokens are tp2's and transformers' own."""
+    ref = W.reference_generate(NEW_TOKENS)
+    for per_rank in generated:
+        got = per_rank["tp2 loss-parallel"]["greedy"]
+        assert got == per_rank["tp2"]["greedy"]
+        assert [got[i] for i in range(len(W.PROMPTS))] == ref
+
+
 def test_data_parallel_generation_splits_prompts_and_matches(generated):
     """Under fsdp the ranks share out the prompts (and stay in step for the all-gathers)."""
     ref = W.reference_generate(NEW_TOKENS)
@@ -51,11 +61,22 @@ def test_data_parallel_generation_splits_prompts_and_matches(generated):
 
 
 def test_cp_and_interleaved_pp_generation_match(generated):
+    """pp2 zbv: the stages a V lays out (rank 0 holds the first and the last), the hidden states
+    sent back down to rank 0 and handed on within rank 1 (runtime.parallel.pp.pipeline_forward)."""
     ref = W.reference_generate(NEW_TOKENS)
-    for label in ("cp2", "pp2-interleaved"):
+    for label in ("cp2", "pp2-interleaved", "pp2 zbv"):
         for per_rank in generated:
             got = per_rank[label]["greedy"]
             assert [got[i] for i in range(len(W.PROMPTS))] == ref, label
+
+
+def test_tied_weights_in_both_ends_of_a_v_with_data_parallel_refused():
+    from interactive_parallel.plan import Plan
+    from interactive_parallel.runtime.mesh import tie_group
+
+    with pytest.raises(ValueError, match=r"'zbv' with dp\(2\) \* fsdp\(1\) = 2"):
+        tie_group(Plan(pp=2, dp=2, pp_schedule="zbv"), True, 0)
+    assert tie_group(Plan(pp=2, pp_schedule="dualpipev", microbatches=4), True, 0) is None  # both ends on rank 0
 
 
 def test_every_rank_gets_the_same_completions(generated):

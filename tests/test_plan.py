@@ -38,6 +38,17 @@ def test_tp_must_divide_heads():
     assert "tp(3) does not divide num_attention_heads(4)" in problems
 
 
+def test_loss_parallel_refused_without_tp_or_on_a_vocabulary_tp_does_not_split():
+    assert validate(Plan(loss_parallel=True), 1, LLAMA) == [
+        "loss_parallel needs tp > 1 (tp(1)): it splits the embedding, the head and the loss over the "
+        "tensor-parallel ranks"]
+    odd = resolve_model({**LLAMA.config, "vocab_size": 130})
+    assert validate(Plan(tp=4, loss_parallel=True), 4, odd) == [
+        "tp(4) does not divide vocab_size(130) (loss_parallel splits the embedding and head on it)"]
+    assert validate(Plan(tp=2, pp=2, loss_parallel=True), 4, LLAMA) == []  # composes with the pipeline
+    assert Plan(tp=2, loss_parallel=True).describe() == "tp2 loss-parallel"
+
+
 def test_non_positive_batch_and_degrees():
     assert "batch_size(0) must be >= 1" in validate(Plan(dp=1, batch_size=0), 1)
     assert any("must be a whole number >= 1" in p for p in validate(Plan(dp=0), 1))
@@ -86,6 +97,51 @@ def test_pipeline_stages_in_loop_order():
     inter = Plan(pp=2, pp_schedule="interleaved-1f1b", virtual_stages=2)
     assert inter.n_stages == 4 and inter.stage_ids(0) == [0, 2] and inter.stage_ids(1) == [1, 3]
     assert Plan(pp=4).n_stages == 4 and Plan(pp=4).stage_ids(3) == [3]
+
+
+def test_v_schedules_hold_stages_r_and_2pp_minus_1_minus_r():
+    for name in ("zbv", "dualpipev"):
+        v = Plan(pp=4, pp_schedule=name, microbatches=8)
+        assert v.n_stages == 8 and v.stage_ids(0) == [0, 7] and v.stage_ids(3) == [3, 4]
+        assert [v.stage_owner(s) for s in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    inter = Plan(pp=2, pp_schedule="interleaved-zb", virtual_stages=3)
+    assert inter.stage_ids(1) == [1, 3, 5] and [inter.stage_owner(s) for s in range(6)] == [0, 1] * 3
+
+
+def test_torch_schedule_names_are_read_as_ours():
+    assert Plan(pp_schedule="ZBVZeroBubble").pp_schedule == "zbv"
+    assert Plan(pp_schedule="interleavedzerobubble").pp_schedule == "interleaved-zb"
+    assert Plan(pp_schedule="DualPipeV").pp_schedule == "dualpipev" and Plan(pp_schedule="GPipe").pp_schedule == "gpipe"
+    assert any("not one of" in p and "ZBVZeroBubble" in p for p in validate(Plan(pp=2, pp_schedule="zb"), 2, LLAMA))
+
+
+def test_uneven_stages_the_first_and_last_lighter():
+    from interactive_parallel.plan.plan import split_layers
+    assert split_layers(126, 16) == [7] + [8] * 14 + [7]  # Llama 3.1 405B on 16 stages (its paper's layout)
+    assert split_layers(8, 4) == [2, 2, 2, 2] and split_layers(10, 4) == [2, 3, 3, 2]
+    assert split_layers(3, 2) == [1, 2] and split_layers(5, 4) == [1, 2, 1, 1]
+    assert split_layers(7, 4) == [1, 2, 2, 2]  # the middle first, then the last, then the first
+    plan = Plan(pp=4)
+    assert [plan.stage_layer_ids(10, s) for s in range(4)] == [[0, 1], [2, 3, 4], [5, 6, 7], [8, 9]]
+    assert [plan.layer_stage(10, layer) for layer in (0, 1, 2, 7, 8, 9)] == [0, 0, 1, 2, 3, 3]
+    given = Plan(pp=2, stage_layers=(1, 3))
+    assert given.layer_counts(4) == [1, 3] and given.stage_layer_ids(4, 1) == [1, 2, 3]
+    assert Plan.from_dict(given.to_dict() | {"stage_layers": [1, 3]}) == given
+    assert Plan.parse("pp=2 stage_layers=1/3") == given
+
+
+def test_uneven_stages_validated_with_their_numbers():
+    spec = resolve_model("llama-3.1-405b")
+    assert spec.num_layers == 126 and validate(Plan(pp=16, batch_size=16), 16, spec) == []
+    assert "stage_layers has 3 entries for 2 pipeline stages" in validate(Plan(pp=2, stage_layers=(1, 1, 2)), 2, LLAMA)
+    assert "stage_layers(1, 2) sum to 3 != num_hidden_layers(4)" in validate(Plan(pp=2, stage_layers=(1, 2)), 2, LLAMA)
+    assert any("stage_layers(0, 4) must be whole numbers >= 1" in p
+               for p in validate(Plan(pp=2, stage_layers=(0, 4)), 2, LLAMA))
+    tied = PRESETS["tiny-gpt2"]
+    assert any("tied embedding and head" in p for p in validate(Plan(pp=2, dp=2, pp_schedule="zbv"), 4, tied))
+    assert not validate(Plan(pp=2, tp=2, pp_schedule="zbv"), 4, tied)
+    assert "num_hidden_layers(4) < pipeline stages 2 * pp(4) = 8 (zbv's V)" in validate(
+        Plan(pp=4, pp_schedule="zbv", microbatches=8, batch_size=8), 4, LLAMA)
 
 
 def test_same_layout_ignores_only_what_does_not_change_the_shards():

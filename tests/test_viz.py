@@ -414,3 +414,57 @@ def test_every_title_fits_the_narrowest_figure_in_lines_of_title_chars():
     assert any(line.startswith("1024 ranks (pp 8 x dp 16 x tp 8);") for line in mesh), mesh
     assert "model.layers.11.self_attn.q_proj.weight" in title_lines_of(figures[-2])
     assert "(idle per rank 50% to 65%)" in " ".join(title_lines_of(pipeline_figure(many_ranks_events())))
+
+
+# ---------------------------------------------------------------- schedule preview
+
+def make_preview():
+    """pp 2, 2 microbatches of 1F1B as the simulator lays it out, sends and receives included."""
+    from interactive_parallel.records import ScheduleAction, SchedulePreview
+
+    rows = {0: ["0F0", "0SEND_F0", "0F1", "0SEND_F1", None, "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+            1: [None, "1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"]}
+    acts = [ScheduleAction(rank=r, slot=i, stage=int(a[0]), microbatch=int(a[-1]), action=a[1:-1])
+            for r, row in rows.items() for i, a in enumerate(row) if a]
+    return SchedulePreview(schedule="1f1b", torch_class="Schedule1F1B", pp=2, microbatches=2, stages_per_rank=1,
+                           actions=acts, slots=9, idle={0: 5 / 9, 1: 5 / 9})
+
+
+def test_schedule_figure_rows_per_rank_and_comm_actions_shown():
+    from interactive_parallel.viz import schedule_figure
+
+    fig = schedule_figure(make_preview())
+    by = {t.name: t for t in fig.data}
+    assert set(by) == {"F: forward", "B: full backward", "send activations", "receive activations",
+                       "send gradients", "receive gradients"}
+    fwd = by["F: forward"]
+    assert list(fwd.y) == ["rank 0", "rank 0", "rank 1", "rank 1"] and list(fwd.base) == [0, 2, 2, 6]
+    assert list(fwd.text) == ["0<br>s0", "1<br>s0", "0<br>s1", "1<br>s1"]  # microbatch, then stage
+    assert by["send activations"].width < fwd.width and not any(by["send activations"].text)
+    assert "simulated idle rank 0 56%, rank 1 56%" in fig.layout.title.text.replace("<br>", " ")
+
+
+def test_schedule_figure_beside_measured_reuses_the_pipeline_picture():
+    from interactive_parallel.viz import schedule_figure
+
+    fig = schedule_figure(make_preview(), make_events())
+    measured = [t for t in fig.data if t.xaxis == "x2"]
+    assert [t.name for t in measured] == ["F: forward", "B: backward"]  # pipeline_figure's traces
+    assert not any(t.showlegend for t in measured)
+    assert [a.text for a in fig.layout.annotations] == ["simulated (torch)", "measured"]
+    title = fig.layout.title.text.replace("<br>", " ")
+    assert "measured idle rank 0 20%, rank 1 20%" in title and "(bubble 20%)" in title  # bubble_fractions'
+    assert "xaxis2" not in schedule_figure(make_preview(), None).layout  # no measured panel
+
+
+def test_schedule_figure_round_trips_and_empty_preview():
+    from interactive_parallel.records import SchedulePreview, from_dict
+    from interactive_parallel.viz import schedule_figure
+
+    p = make_preview()
+    back = from_dict(p.to_dict())
+    assert back.actions == p.actions and back.order(1) == ["1F0", "1B0", "1F1", "1B1"]
+    assert back.order(0, compute_only=False)[:2] == ["0F0", "0SEND_F0"]
+    empty = SchedulePreview(schedule="1f1b", torch_class="Schedule1F1B", pp=1, microbatches=1, stages_per_rank=1)
+    fig = schedule_figure(empty)
+    assert not fig.data and "no pipeline" in fig.layout.annotations[0].text

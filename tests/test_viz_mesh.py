@@ -112,3 +112,18 @@ def test_under_ep_each_cell_names_the_experts_its_rank_holds():
     assert sum("holds experts 0..1" in h for h in hovers) == 2
     assert not any("E0" in t for row in mesh_figure(Plan(dp=2, fsdp=2, tp=2), num_experts=8).data[0].text
                    for t in row if t)
+
+
+@pytest.mark.pure
+def test_under_pp_each_cell_names_its_stages_and_their_layers():
+    plan = Plan(pp=4, dp=2)  # 10 layers on 4 stages: 2, 3, 3, 2 (the ends also embed / hold the head)
+    heat = mesh_figure(plan, num_layers=10).data[0]
+    cells = {t.split("<br>")[0]: t for row in heat.text for t in row if t}
+    assert cells["0"].endswith("S0:L0-1") and cells["2"].endswith("S1:L2-4") and cells["7"].endswith("S3:L8-9")
+    hovers = [h for row in heat.customdata for h in row]
+    assert sum("stage 1: 3 layers (L2-4)" in h for h in hovers) == 2
+    assert sum("stage 3: 2 layers (L8-9 + norm, head)" in h for h in hovers) == 2
+    v = mesh_figure(Plan(pp=2, pp_schedule="zbv", microbatches=4), num_layers=8).data[0]
+    texts = {t.split("<br>")[0]: t for row in v.text for t in row if t}
+    assert texts["0"].endswith("S0:L0-1 S3:L6-7") and texts["1"].endswith("S1:L2-3 S2:L4-5")
+    assert not any("S0" in t for row in mesh_figure(Plan(dp=2, tp=2), num_layers=8).data[0].text for t in row if t)

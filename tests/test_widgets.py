@@ -272,7 +272,12 @@ def test_plan_section_offers_every_plan_field_including_ones_added_later(monkeyp
     assert set(fields) == {f.name for f in dataclasses.fields(Plan)} - {"device"}
     assert isinstance(fields["sequence_parallel"], W.Checkbox) and isinstance(fields["lr"], W.FloatText)
     assert isinstance(fields["virtual_stages"], W.IntText) and isinstance(fields["seed"], W.IntText)
-    assert fields["pp_schedule"].options == ("gpipe", "1f1b", "interleaved-1f1b")
+    assert fields["pp_schedule"].options == ("gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev")
+    assert fields["cp_method"].options == ("allgather", "ring") and isinstance(fields["compile"], W.Checkbox)
+    assert isinstance(fields["stage_layers"], W.Text) and fields["stage_layers"].value == "()"
+    fields["stage_layers"].value = "(1, 3)"
+    assert p.plan_section.plan().stage_layers == (1, 3)
+    fields["stage_layers"].value = "()"
     assert fields["precision"].options == ("fp32", "bf16", "fp16")
     assert "sequence too" in fields["sequence_parallel"].tooltip  # the field's docstring
     fields["seed"].value = 7

@@ -113,7 +113,8 @@ class ModelOps:
         self.telemetry.keep_quantization([])
         self.telemetry.plan_changed()
         if self.plan is not None:
-            self.state.restored = (await self.ranks.call(api.apply_plan, (self.plan,), what="apply"))[0]
+            scratch = await self.scratch.shared(self.ranks) if self.plan.compile else None  # its compile cache
+            self.state.restored = (await self.ranks.call(api.apply_plan, (self.plan, scratch), what="apply"))[0]
         return spec
 
     async def _ask(self, fn: Callable, args: tuple, what: str,
@@ -144,7 +145,8 @@ class ModelOps:
         if scheme is not None:
             checks.check_quantization(scheme, plan, spec)
         await self.ranks.require()
-        scratch = await self.scratch.for_replan(self.ranks) if self.plan is not None else None
+        scratch = await self.scratch.for_replan(self.ranks) if self.plan is not None else \
+            await self.scratch.shared(self.ranks) if plan.compile else None  # compile: its cache lives there
         await self.check_fits(spec, plan)
         infos = await self.ranks.call(api.apply_plan, (plan, scratch), what="apply")
         self.state.plan, self.state.restored = plan, infos[0]

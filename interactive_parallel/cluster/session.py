@@ -20,6 +20,7 @@ from ..plan import ModelSpec, Plan
 from ..plan.virtual import DryRun
 from ..records import (DecodeStep, FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, RequestRecord,
                        ServeEngine, ServeOptions, ServePolicy, ServeResult, StepRecord, TokenRecord, VerifyReport)
+from ..records.schedule import SchedulePreview
 from .checks import check_session_args
 from .clocks import CLOCK_COLUMNS
 from .errors import SessionError
@@ -27,6 +28,7 @@ from .model_ops import SNAPSHOT_EVERY, ModelOps
 from .pool import AttachedPool, LocalPool, Pool
 from .rankset import RankSet
 from .recovery import ModelState, Recovery
+from .schedules import preview_schedule
 from .scratch import Scratch
 from .telemetry import MEMORY_COLUMNS, Telemetry
 from .twins import blocking_twins, run_sync
@@ -399,6 +401,13 @@ class Session:
         from ..runtime.dryrun import dry_run
 
         return dry_run(spec, plan, world, **kwargs)
+
+    def preview_schedule(self, plan: Plan | None = None) -> SchedulePreview:
+        """torch's simulated order of `plan`'s pipeline schedule (default: the applied plan): F / I /
+        W / B and sends and receives per pipeline rank and slot, and each rank's simulated idle
+        share; viz.schedule_figure draws it beside a measured step. A bad plan is refused with
+        validate's messages; runs nothing on the ranks (loads torch here on first use)."""
+        return preview_schedule(plan or self.plan, self.spec)
 
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""

@@ -10,7 +10,8 @@ autocast cache only holds leaf tensors) and of every linear weight (one per step
 unsharded weights included), while norms, softmax statistics and the loss stay fp32;
 pipeline schedules keep several micro-batches in flight, counted by replaying the
 schedule's order of forwards and backwards (GPipe, 1F1B, Interleaved 1F1B as torch orders
-them). Under recomputation (the plan's `recompute`) a block keeps its input ('full') or its
+them; the zero-bubble ones, whose weight halves hold a graph a while longer, from
+plan.pipeline_order). Under recomputation (the plan's `recompute`) a block keeps its input ('full') or its
 input and its matmul, attention and collective outputs ('selective') until its backward,
 which first runs the block again: the peak comes either at the end of the forward or in the
 first block's backward, with that block's recomputed set live (and under a pipeline
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from .axes import MeshAxis, mesh_coords
 from .inventory import local_tensors
 from .models import ModelSpec
+from .pipeline_order import zero_bubble_ops
 from .plan import Plan
 
 FP32, INT64 = 4, 8
@@ -111,7 +113,10 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     inputs = sum(copies) * tokens * h * a
     # SDPA keeps q, k, v, its output and the log-sum-exp per head (fp32).
     attention = tokens * (2 * q // tp_attn * a + spec.num_heads // tp_attn * FP32)
-    if plan.cp > 1:  # whole-sequence K and V (GQA repeated first), and the causal mask of our queries
+    # Ring CP (runtime/parallel/ring.py) saves only the local K and V block, as without cp, and
+    # its log-sum-exp (the same per-head fp32 as SDPA's); the blocks in transit are not kept.
+    if plan.cp > 1 and plan.cp_method == "allgather":
+        # whole-sequence K and V (GQA repeated first), and the causal mask of our queries
         kv_width = q if spec.num_kv_heads != spec.num_heads else kv
         attention += 2 * rows * seq * kv_width // tp_attn * a + (seq // plan.cp) * seq * a
     else:
@@ -246,7 +251,8 @@ def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) ->
 def _layers_held(spec: ModelSpec, plan: Plan, rank: int) -> int:
     if plan.pp == 1:
         return spec.num_layers
-    return spec.num_layers // plan.n_stages * len(plan.stage_ids(mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]))
+    counts = plan.layer_counts(spec.num_layers)
+    return sum(counts[s] for s in plan.stage_ids(mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]))
 
 
 def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: bool) -> Parts:
@@ -266,7 +272,10 @@ def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: 
         wide, scalars = fam.norm_saves
         head = tokens * (wide * spec.hidden_size + scalars) * FP32  # final norm (whole sequence)
         head += tokens * spec.hidden_size * a  # the LM head's input
-        head += tokens * (spec.vocab_size * FP32 + INT64)  # fp32 log-probabilities, the targets
+        # fp32 log-probabilities, the targets; under loss parallel each tp rank keeps its vocabulary
+        # shard of them (torch's loss_parallel: measured 1/tp, the logits never gathered)
+        vocab = spec.vocab_size // plan.tp if plan.loss_parallel and plan.tp > 1 else spec.vocab_size
+        head += tokens * (vocab * FP32 + INT64)
         head += FP32  # the loss
     return Parts(embedding=embedding, head=head)
 
@@ -315,7 +324,7 @@ def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
     """One forward of one micro-batch through pipeline stage `stage` (the whole model without PP),
     as kept until its backward."""
     total = plan.n_stages if plan.pp > 1 else 1
-    layers = spec.num_layers // total
+    layers = plan.layer_counts(spec.num_layers)[stage]
     block = layer_parts(spec, plan, rows) if plan.recompute == "none" else kept_under_recompute(spec, plan, rows)
     return block.scaled(layers) + once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
 
@@ -326,8 +335,11 @@ def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
     GPipe: every forward, then every backward. 1F1B: min(microbatches, stages - stage)
     forwards, then backward-forward pairs, then the remaining backwards. Interleaved 1F1B:
     torch's order (depth first, warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
-    rank) forwards, then forward-backward pairs).
+    rank) forwards, then forward-backward pairs). Zero bubble (interleaved-zb, zbv, dualpipev):
+    'B' is the input half of a backward and 'W' its weight half (plan.pipeline_order).
     """
+    if plan.zero_bubble:
+        return [(a, local) for a, local, _ in zero_bubble_ops(plan, pp_rank)]
     m = plan.n_microbatches
     if plan.pp_schedule == "gpipe":
         return [("F", 0)] * m + [("B", 0)] * m
@@ -374,16 +386,39 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     if plan.recompute != "none" and act_bytes(plan) != FP32:
         cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
         extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
-    best, held, after = Parts(), [0] * len(stages), Parts()
-    for action, local in schedule_order(plan, coords[MeshAxis.PP]):
-        if action == "B":  # the microbatch's blocks run again while it is held (its head's tensors freed)
+    # Zero bubble: torch's input half ('B') keeps the graph (retain_graph) for the weight half
+    # ('W'), so a microbatch's saved tensors stay until its 'W'; on the last stage its blocks'
+    # stay until the step ends (the schedule keeps each microbatch's loss, and the graph with
+    # it). The first stage has no input grad: its whole backward runs at 'W'. A full backward
+    # (DualPipeV's unsplit halves) frees at 'B' as 1F1B's does. Measured on gloo: exact off
+    # the last stage, within 5% on it (tests/test_activations).
+    bodies = [p + Parts(head=-p.head) for p in parts]
+    pp_rank = coords[MeshAxis.PP]
+    ops = zero_bubble_ops(plan, pp_rank) if plan.zero_bubble else \
+        [(a, local, False) for a, local in schedule_order(plan, pp_rank)]
+    best, after = Parts(), Parts()
+    held, waiting, kept = [0] * len(stages), [0] * len(stages), [0] * len(stages)
+
+    def live_now() -> Parts:
+        return sum((p.scaled(n + w) for p, n, w in zip(parts, held, waiting)), Parts()) + after + \
+            sum((b.scaled(k) for b, k in zip(bodies, kept)), Parts())
+
+    for action, local, split in ops:
+        whole = plan.zero_bubble and stages[local] == 0  # its backward all runs at 'W'
+        if action == ("W" if whole else "B"):  # the microbatch's blocks run again while it is held
             after = cached
-            live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts()) + extra + after + \
-                Parts(head=-parts[local].head)
-            best = max(best, live, key=lambda p: p.total)
-        held[local] += 1 if action == "F" else -1
-        live = sum((p.scaled(n) for p, n in zip(parts, held)), Parts()) + after
-        best = max(best, live, key=lambda p: p.total)
+            best = max(best, live_now() + extra + Parts(head=-parts[local].head), key=lambda p: p.total)
+        if action == "F":
+            held[local] += 1
+        elif whole:
+            held[local] -= action == "W"
+        elif action == "B":
+            held[local] -= 1
+            waiting[local] += split
+        elif split:
+            waiting[local] -= 1
+            kept[local] += stages[local] == plan.n_stages - 1
+        best = max(best, live_now(), key=lambda p: p.total)
     return best, once_per_step(spec, plan, rank)
 
 

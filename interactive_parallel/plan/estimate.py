@@ -63,10 +63,12 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
     the activations after each rowwise linear (forward) and the input gradient of each
     colwise linear (backward); PP sends activations forward and gradients backward per
-    microbatch; CP all-gathers K and V per layer and all-reduces their gradients. Activation
+    microbatch; CP all-gathers K and V per layer and all-reduces their gradients (ring CP sends
+    them, and their gradients, one block per hop to the next cp rank instead). Activation
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
     'full', CP's gathers under both modes. Sequence parallel is not modelled (its traffic is
-    counted as the plain TP all-reduces). Expert parallelism: see _expert_comms.
+    counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
+    all-reduce and the split head's input-gradient all-reduce. Expert parallelism: see _expert_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     acc, out = plan.grad_accum, []
@@ -97,13 +99,30 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
         rowwise = sum(1 for s in styles if s.startswith("rowwise"))
         # full recomputation runs each layer's forward again in backward, all-reduces included
         per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
-        add("all_reduce", "tp", per_layer * layers * acc, per_layer * layers * acc * act)
+        # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
+        # colwise head's input gradient (backward, last stage), once per microbatch. (torch's
+        # loss_parallel also all-reduces a [tokens] max and sum, through functional collectives
+        # the comm ledger does not see: left out, as it leaves them out.)
+        stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
+        ends = (0 in stages) + (plan.n_stages - 1 in stages or plan.pp == 1) if plan.loss_parallel else 0
+        m = plan.n_microbatches if plan.pp > 1 else 1
+        add("all_reduce", "tp", (per_layer * layers + ends * m) * acc, (per_layer * layers + ends) * acc * act)
     if plan.pp > 1:
-        total, mine, m = plan.n_stages, plan.stage_ids(coords[MeshAxis.PP]), plan.n_microbatches
-        sends = sum(1 for s in mine if s < total - 1) + sum(1 for s in mine if s > 0)
+        total, pp_rank, m = plan.n_stages, coords[MeshAxis.PP], plan.n_microbatches
+        mine = plan.stage_ids(pp_rank)
+        # A neighbour stage on this same rank (the turn of a V schedule) is handed over, not sent.
+        sends = sum(1 for s in mine if s < total - 1 and plan.stage_owner(s + 1) != pp_rank) + \
+            sum(1 for s in mine if s > 0 and plan.stage_owner(s - 1) != pp_rank)
         add("send", "pp", sends * m * acc, sends * m * acc * act / m)
         add("recv", "pp", sends * m * acc, sends * m * acc * act / m)
-    if plan.cp > 1:
+    if plan.cp > 1 and plan.cp_method == "ring":
+        kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
+        block = 2 * kv // plan.cp  # K and V of this rank's tokens, packed (dK|dV travel in fp32 too)
+        # forward cp-1 hops (again under recomputation); backward cp-1 K|V hops and cp dK|dV hops
+        hops = layers * acc * ((plan.cp - 1) * (2 if plan.recompute != "none" else 1) + (plan.cp - 1) + plan.cp)
+        add("send", "cp", hops, hops * block)
+        add("recv", "cp", hops, hops * block)
+    elif plan.cp > 1:
         kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
         # recomputation gathers K and V again (their c10d all_gather is not among the saved ops)
         gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)

@@ -4,7 +4,9 @@ Owns the names, shapes and TP dims of a model's parameters, read from the family
 plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays
 them out: TP shards the linears of the family's tp_plan (colwise: Linear weight/bias
 Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight Shard(1), Conv1D
-weight Shard(0), bias replicated) and replicates norms, embeddings and the LM head; PP
+weight Shard(0), bias replicated) and replicates norms, embeddings and the LM head, except
+under Plan.loss_parallel, which splits the token embedding and the LM head on the vocabulary
+(dim 0 of both; a tied pair is one tensor, split once); PP
 gives each rank its stages (loop order) plus embeddings (first stage) and norm/head (last
 stage; a tied head is the embedding, held by both); FSDP2 shards dim 0 of each (TP-local)
 tensor with torch.chunk sizes and pads every shard to the largest one. A mixture-of-experts
@@ -39,6 +41,12 @@ class ParamInfo:
     layer: int | None = None
     expert: bool = False
     """A stacked expert weight (dim 0: the experts), which ep splits."""
+    vocab: bool = False
+    """The token embedding or LM head weight [vocab, h]: split on dim 0 under Plan.loss_parallel."""
+
+    def split_dim(self, plan: Plan) -> int | None:
+        """The dim tp splits under `plan` (None: whole on every tp rank)."""
+        return 0 if self.vocab and plan.loss_parallel else self.tp_dim
 
 
 def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
@@ -81,7 +89,7 @@ def _norm_params(spec: ModelSpec, paths) -> list[tuple[str, tuple[int, ...], Non
 def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
     """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
     fam, h, v = spec.family_info, spec.hidden_size, spec.vocab_size
-    out = [ParamInfo(f"{fam.embedding_path}.weight", (v, h), None, "embed")]
+    out = [ParamInfo(f"{fam.embedding_path}.weight", (v, h), None, "embed", vocab=True)]
     if fam.position_embedding_path:
         out.append(ParamInfo(f"{fam.position_embedding_path}.weight", (spec.max_positions, h), None, "embed"))
     block = _block_params(spec)
@@ -93,7 +101,7 @@ def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
                 for rel, shape in experts]
     out += [ParamInfo(name, shape, None, "head") for name, shape, _ in _norm_params(spec, [fam.final_norm_path])]
     if not spec.tied_embeddings:
-        out.append(ParamInfo(f"{fam.lm_head_path}.weight", (v, h), None, "head"))
+        out.append(ParamInfo(f"{fam.lm_head_path}.weight", (v, h), None, "head", vocab=True))
     return out
 
 
@@ -109,7 +117,7 @@ def owned(spec: ModelSpec, plan: Plan, p: ParamInfo, pp_rank: int) -> bool:
     total = plan.n_stages
     mine = plan.stage_ids(pp_rank)
     if p.owner == "layer":
-        return p.layer // (spec.num_layers // total) in mine
+        return plan.layer_stage(spec.num_layers, p.layer) in mine
     if p.owner == "head":
         return total - 1 in mine
     tied_head = spec.tied_embeddings and p.name == f"{spec.family_info.embedding_path}.weight"
@@ -136,8 +144,9 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
         if not owned(spec, plan, p, coords[MeshAxis.PP]):
             continue
         shape = list(p.shape)
-        if p.tp_dim is not None and plan.tp > 1:
-            shape[p.tp_dim] = chunk(shape[p.tp_dim], plan.tp, coords[MeshAxis.TP])
+        dim = p.split_dim(plan)
+        if dim is not None and plan.tp > 1:
+            shape[dim] = chunk(shape[dim], plan.tp, coords[MeshAxis.TP])
         rest = math.prod(shape[1:])
         if p.expert and plan.ep > 1:
             held = storage = shape[0] // plan.ep * rest

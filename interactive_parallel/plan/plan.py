@@ -23,16 +23,43 @@ from .models import ModelSpec
 
 Device = Literal["cpu", "cuda"]
 Precision = Literal["fp32", "bf16", "fp16"]
-PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"]
+CpMethod = Literal["allgather", "ring"]
 Recompute = Literal["none", "selective", "full"]
 DEVICES: tuple[str, ...] = typing.get_args(Device)
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 PP_SCHEDULES: tuple[str, ...] = typing.get_args(PpSchedule)
+CP_METHODS: tuple[str, ...] = typing.get_args(CpMethod)
+TORCH_SCHEDULES: dict[str, str] = {
+    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+    "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
+"""Our schedule name -> torch.distributed.pipelining's (get_schedule_class spells them so; either is accepted)."""
+ZERO_BUBBLE: tuple[str, ...] = ("interleaved-zb", "zbv", "dualpipev")
+"""Schedules that split a backward into its input half (B) and its weight half (W), run later."""
+V_SCHEDULES: tuple[str, ...] = ("zbv", "dualpipev")
+"""Two stages per rank laid out as a V: pipeline rank r holds stages r and 2 * pp - 1 - r."""
+LOOPED_SCHEDULES: tuple[str, ...] = ("interleaved-1f1b", "interleaved-zb")
+"""virtual_stages stages per rank, looped: pipeline rank r holds stages r, r + pp, ..."""
 RECOMPUTES: tuple[str, ...] = typing.get_args(Recompute)
 TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
 """Plan fields that do not change which shards a rank holds."""
 SEED_LIMIT = 2**63
 """Seeds torch's generators take (torch.manual_seed refuses 2**64 and above)."""
+
+
+def split_layers(num_layers: int, stages: int) -> list[int]:
+    """Decoder layers per stage when the plan gives none: an even split, the remainder to the
+    middle stages (the first also embeds, the last also holds the norm and the head: torchtitan
+    weighs each as about a layer), then to the last and the first. Llama 3.1 405B's 126 layers on
+    16 stages: 7, 8 x 14, 7. Fewer layers than stages leaves stages empty (validate refuses it)."""
+    if stages <= 1:
+        return [num_layers]
+    base, extra = divmod(num_layers, stages)
+    order = list(range(1, stages - 1)) + [stages - 1, 0]
+    counts = [base] * stages
+    for stage in order[:extra]:
+        counts[stage] += 1
+    return counts
 
 
 class PlanError(ValueError):
@@ -59,17 +86,30 @@ class Plan:
     """Pipeline parallel: the layers split into this many stages."""
     cp: int = 1
     """Context parallel: the sequence split across this many ranks."""
+    cp_method: CpMethod = "allgather"
+    """How context-parallel attention sees the other ranks' keys and values: 'allgather' (all of
+    them at once, O(seq) per rank) or 'ring' (one block at a time, passed rank to rank)."""
     ep: int = 1
     """Expert parallel: each MoE layer's experts split over this many of the data-parallel ranks
     (dp x fsdp x cp), tokens sent to their experts' ranks and back; the rank count is unchanged."""
     pp_schedule: PpSchedule = "1f1b"
-    """Pipeline schedule: 'gpipe', '1f1b' or 'interleaved-1f1b'."""
+    """Pipeline schedule: 'gpipe', '1f1b', 'interleaved-1f1b', zero bubble 'interleaved-zb', 'zbv' or
+    'dualpipev' (torch's classes; their get_schedule_class names, such as 'ZBVZeroBubble', are accepted)."""
     microbatches: int = 0
     """Pipeline microbatches per step; 0 means one per stage (pp)."""
     virtual_stages: int = 2
-    """Stages per rank for interleaved schedules."""
+    """Stages per rank for the looped schedules ('interleaved-1f1b', 'interleaved-zb'); V schedules hold 2."""
+    stage_layers: tuple[int, ...] = ()
+    """Decoder layers of each pipeline stage, in stage order (e.g. (7, 8, 8, 7)); empty: split evenly,
+    the remainder to the middle stages (the first and last also hold the embedding and the head)."""
     sequence_parallel: bool = False
     """Under tp: shard norms and dropout along the sequence too."""
+    loss_parallel: bool = False
+    """Under tp: token embedding and LM head split on the vocabulary, the loss taken on the split
+    logits (never gathered)."""
+    compile: bool = False
+    """torch.compile each decoder block for training (generation and serving run them eagerly);
+    the first step pays the compile time."""
     recompute: Recompute = "none"
     """Activation recomputation per decoder layer: 'none', 'selective' (recompute the cheap
     ops, keep matmul and attention outputs) or 'full' (keep each layer's input only)."""
@@ -85,6 +125,14 @@ class Plan:
     """AdamW learning rate."""
     seed: int = 0
     """Seed of weights and data: the same seed gives the same run under every plan."""
+
+    def __post_init__(self) -> None:
+        # Spellings a user may bring from torch or from JSON, folded to the one the fields hold.
+        if isinstance(self.pp_schedule, str) and self.pp_schedule not in PP_SCHEDULES:
+            torch_names = {v.lower(): k for k, v in TORCH_SCHEDULES.items()}
+            object.__setattr__(self, "pp_schedule", torch_names.get(self.pp_schedule.lower(), self.pp_schedule))
+        if isinstance(self.stage_layers, list):
+            object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
 
     @property
     def world_size(self) -> int:
@@ -122,13 +170,55 @@ class Plan:
         return self.microbatches or self.pp
 
     @property
+    def stages_per_rank(self) -> int:
+        if self.pp_schedule in V_SCHEDULES:
+            return 2
+        return self.virtual_stages if self.pp_schedule in LOOPED_SCHEDULES else 1
+
+    @property
     def n_stages(self) -> int:
-        """Pipeline stages in all: pp, times virtual_stages under an interleaved schedule."""
-        return self.pp * (self.virtual_stages if self.pp_schedule == "interleaved-1f1b" else 1)
+        """Pipeline stages in all: pp, times the stages each pipeline rank holds."""
+        return self.pp * self.stages_per_rank
+
+    @property
+    def zero_bubble(self) -> bool:
+        """Whether the schedule splits backwards into input (B) and weight (W) halves."""
+        return self.pp > 1 and self.pp_schedule in ZERO_BUBBLE
 
     def stage_ids(self, pp_rank: int) -> list[int]:
-        """Global stage indices held by pipeline rank `pp_rank` (loop order: r, r + pp, ...)."""
+        """Global stage indices held by pipeline rank `pp_rank`, in the order it builds them:
+        looped r, r + pp, ...; a V schedule's r and 2 * pp - 1 - r."""
+        if self.pp_schedule in V_SCHEDULES:
+            return [pp_rank, 2 * self.pp - 1 - pp_rank]
         return list(range(pp_rank, self.n_stages, self.pp))
+
+    def stage_owner(self, stage: int) -> int:
+        """The pipeline rank holding global stage `stage` (stage_ids' inverse)."""
+        if self.pp_schedule in V_SCHEDULES:
+            return stage if stage < self.pp else 2 * self.pp - 1 - stage
+        return stage % self.pp
+
+    def layer_counts(self, num_layers: int) -> list[int]:
+        """Decoder layers of each global stage: `stage_layers` when given, else split_layers."""
+        total = self.n_stages if self.pp > 1 else 1
+        if self.stage_layers and total > 1:
+            return list(self.stage_layers)
+        return split_layers(num_layers, total)
+
+    def stage_layer_ids(self, num_layers: int, stage: int) -> list[int]:
+        """The decoder layers (global indices) of global stage `stage`."""
+        counts = self.layer_counts(num_layers)
+        start = sum(counts[:stage])
+        return list(range(start, start + counts[stage]))
+
+    def layer_stage(self, num_layers: int, layer: int) -> int:
+        """The global stage holding decoder layer `layer`."""
+        end = 0
+        for stage, n in enumerate(self.layer_counts(num_layers)):
+            end += n
+            if layer < end:
+                return stage
+        raise IndexError(f"layer {layer} is past the {num_layers} layers")
 
     def same_layout(self, other: "Plan") -> bool:
         """Whether `other` has every rank hold what this plan's ranks hold: they differ at most in
@@ -143,7 +233,17 @@ class Plan:
         parts = [f"{a.value}{getattr(self, a.value)}" for a in MESH_ORDER if getattr(self, a.value) > 1]
         if self.ep > 1:  # not a mesh axis of its own: it rides on the data-parallel ranks
             parts.append(f"ep{self.ep}")
-        return "x".join(parts) or "single"
+        text = "x".join(parts) or "single"
+        # Only the knobs that came after the first names, so the existing layouts keep theirs.
+        if self.pp > 1 and self.pp_schedule in ZERO_BUBBLE:
+            text += f" {self.pp_schedule}"
+        if self.cp > 1 and self.cp_method != "allgather":
+            text += f" {self.cp_method}"
+        if self.tp > 1 and self.loss_parallel:
+            text += " loss-parallel"
+        if self.compile:
+            text += " compiled"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -164,7 +264,10 @@ class Plan:
                 raise PlanError([f"cannot read {item!r}: expected name=value with a name among {', '.join(fields)}"])
             kind = type(getattr(cls(), key))
             try:
-                values[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+                if kind is tuple:  # stage_layers=7/8/8/7
+                    values[key] = tuple(int(x) for x in raw.split("/") if x)
+                else:
+                    values[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
             except ValueError:
                 raise PlanError([f"{key}={raw!r} is not a {kind.__name__}"]) from None
         return cls(**values)
@@ -226,7 +329,10 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
     elif plan.precision == "fp16" and plan.device != "cuda":
         problems.append("precision 'fp16' needs device 'cuda' (CPU autocast runs bf16)")
     if plan.pp_schedule not in PP_SCHEDULES:
-        problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)}")
+        problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)} "
+                        f"(or torch's {', '.join(TORCH_SCHEDULES.values())})")
+    if plan.cp_method not in CP_METHODS:
+        problems.append(f"cp_method {plan.cp_method!r} is not one of {', '.join(CP_METHODS)}")
     if not math.isfinite(plan.lr) or plan.lr <= 0:
         problems.append(f"lr({plan.lr}) must be a finite number > 0")
     if not 0 <= plan.seed < SEED_LIMIT:
@@ -300,16 +406,64 @@ def _combination_problems(plan: Plan) -> list[str]:
     if plan.cp > 1 and plan.pp > 1:
         problems.append(f"cp({plan.cp}) with pp({plan.pp}) is not supported: context-parallel attention "
                         "needs the position ids that pipeline stages do not pass on")
-    if plan.pp > 1:
-        m = plan.n_microbatches
-        if plan.pp_schedule == "1f1b" and m < plan.pp:
-            problems.append(f"pp_schedule '1f1b' needs microbatches({m}) >= pp({plan.pp})")
-        if plan.pp_schedule == "interleaved-1f1b":
-            if plan.virtual_stages < 2:
-                problems.append(f"pp_schedule 'interleaved-1f1b' needs virtual_stages({plan.virtual_stages}) >= 2")
-            elif m % plan.pp:
-                problems.append(f"pp_schedule 'interleaved-1f1b' needs microbatches({m}) to be a multiple of "
-                                f"pp({plan.pp})")
+    problems += _schedule_problems(plan)
+    problems += _loss_parallel_problems(plan)
+    problems += _compile_problems(plan)
+    return problems
+
+
+def _schedule_problems(plan: Plan) -> list[str]:
+    """Each schedule's microbatch and stage constraints, as torch's classes check them (later, on
+    the ranks). The looped ones run microbatches in rounds of up to pp: max(1, m // pp) rounds
+    must divide m (pp 2: 1, 2, 3, 4, 6 run, 5 does not). ZBVZeroBubble has none: its order is
+    built for max(m, 2 * pp - 1) microbatches and the missing ones left out (m = 1 at pp 2 and
+    m = 4 at pp 4 ran at parity, measured). DualPipeV needs a microbatch per stage.
+    InterleavedZeroBubble also runs with one stage per rank (virtual_stages 1, measured)."""
+    if plan.pp == 1:
+        return []
+    problems, m, pp, name = [], plan.n_microbatches, plan.pp, plan.pp_schedule
+    if name == "1f1b" and m < pp:
+        problems.append(f"pp_schedule '1f1b' needs microbatches({m}) >= pp({pp})")
+    if name == "interleaved-1f1b" and plan.virtual_stages < 2:
+        problems.append(f"pp_schedule {name!r} needs virtual_stages({plan.virtual_stages}) >= 2")
+    elif name in LOOPED_SCHEDULES and m % max(1, m // pp):
+        rounds = max(1, m // pp)
+        problems.append(f"pp_schedule {name!r} needs microbatches({m}) to be a multiple of its rounds "
+                        f"max(1, microbatches({m}) // pp({pp})) = {rounds}")
+    if name == "dualpipev" and m < 2 * pp:
+        problems.append(f"pp_schedule 'dualpipev' needs microbatches({m}) >= stages(2 * pp({pp}) = {2 * pp})")
+    if plan.stage_layers:
+        if len(plan.stage_layers) != plan.n_stages:
+            problems.append(f"stage_layers has {len(plan.stage_layers)} entries for {plan.n_stages} pipeline stages")
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in plan.stage_layers):
+            problems.append(f"stage_layers{tuple(plan.stage_layers)} must be whole numbers >= 1")
+    return problems
+
+
+def _loss_parallel_problems(plan: Plan) -> list[str]:
+    if not plan.loss_parallel:
+        return []
+    if plan.tp == 1:
+        return ["loss_parallel needs tp > 1 (tp(1)): it splits the embedding, the head and the loss "
+                "over the tensor-parallel ranks"]
+    return []
+
+
+def _compile_problems(plan: Plan) -> list[str]:
+    """What compiled blocks (runtime.parallel.compile) cannot run under. Checked on CPU (inductor,
+    gcc) at parity with one eager process: dp, fsdp, hsdp, tp (DTensor, with and without sequence
+    parallel), pp (gpipe, 1f1b, interleaved), cp (in pieces around its collectives), recompute
+    (in pieces around checkpoint's hooks) and MoE blocks without ep."""
+    if not plan.compile:
+        return []
+    problems = []
+    if plan.zero_bubble:
+        problems.append(f"compile with pp_schedule {plan.pp_schedule!r}: torch's zero-bubble schedules cannot "
+                        "split a compiled block's backward into its input and weight halves")
+    if plan.ep > 1:
+        problems.append(f"compile with ep({plan.ep}): the tokens each expert's rank receives change every step, "
+                        "so the dispatch recompiles each step until torch's recompile limit (8) and then runs "
+                        "eagerly, slower than never compiling")
     return problems
 
 
@@ -321,16 +475,26 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
         for what, n in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
                         ("intermediate_size", spec.intermediate_size), ("vocab_size", spec.vocab_size)):
             if n % plan.tp:
-                problems.append(f"tp({plan.tp}) does not divide {what}({n})")
+                why = " (loss_parallel splits the embedding and head on it)" if what == "vocab_size" and \
+                    plan.loss_parallel else ""
+                problems.append(f"tp({plan.tp}) does not divide {what}({n}){why}")
     problems += _expert_problems(plan, spec)
     if plan.pp > 1:
         stages = plan.n_stages
         what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}"
-                if plan.pp_schedule == "interleaved-1f1b" else f"pp({plan.pp})")
-        if spec.num_layers < stages:
+                if plan.pp_schedule in LOOPED_SCHEDULES else
+                f"2 * pp({plan.pp}) = {stages} ({plan.pp_schedule}'s V)" if plan.pp_schedule in V_SCHEDULES
+                else f"pp({plan.pp})")
+        if plan.stage_layers:
+            if sum(plan.stage_layers) != spec.num_layers and len(plan.stage_layers) == stages:
+                problems.append(f"stage_layers{tuple(plan.stage_layers)} sum to {sum(plan.stage_layers)} != "
+                                f"num_hidden_layers({spec.num_layers})")
+        elif spec.num_layers < stages:
             problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages {what}")
-        elif spec.num_layers % stages:
-            problems.append(f"pipeline stages {what} do not divide num_hidden_layers({spec.num_layers})")
+        if plan.pp_schedule in V_SCHEDULES and spec.tied_embeddings and plan.data_parallel > 1:
+            problems.append(f"pp_schedule {plan.pp_schedule!r} on {spec.name}'s tied embedding and head with "
+                            f"dp({plan.dp}) * fsdp({plan.fsdp}) > 1: the V puts both ends on pipeline rank 0, one "
+                            "weight in two data-parallel units (untie them, or take a looped schedule)")
     return problems
 
 

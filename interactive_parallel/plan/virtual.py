@@ -23,7 +23,8 @@ from .plan import Plan
 
 def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
     """rank -> the representative (lowest rank) of its class: same pipeline coordinate, same
-    sizes of every tensor it holds (plan.inventory.local_tensors)."""
+    sizes of every tensor it holds (plan.inventory.local_tensors); under ring CP the same cp
+    coordinate too (a ring's sends go to the next rank, which `move` cannot translate)."""
     sizes: dict[tuple[int, int, int], tuple] = {}
     reps: dict[tuple, int] = {}
     out = {}
@@ -32,7 +33,8 @@ def rank_classes(spec: ModelSpec, plan: Plan) -> dict[int, int]:
         where = (c[MeshAxis.PP], c[MeshAxis.FSDP], c[MeshAxis.CP]) if plan.fsdp > 1 else (c[MeshAxis.PP], 0, 0)
         if where not in sizes:
             sizes[where] = tuple((held, storage) for _, held, storage in local_tensors(spec, plan, rank))
-        out[rank] = reps.setdefault((where[0], sizes[where]), rank)
+        ring = c[MeshAxis.CP] if plan.cp > 1 and plan.cp_method == "ring" else 0
+        out[rank] = reps.setdefault((where[0], ring, sizes[where]), rank)
     return out
 
 

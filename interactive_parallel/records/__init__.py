@@ -3,7 +3,8 @@
 Ranks build records and ship the objects themselves (ipyparallel pickles them); the client
 keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files and reports.
 One module per subject: base (the dict mechanism every record shares, the registry of kinds,
-tables), training, inference, ranks, state (a layout's state and the scratch directory).
+tables), training, schedule (a pipeline schedule as torch simulates it), inference, ranks,
+state (a layout's state and the scratch directory).
 Options going to the ranks and answers coming back are records too: nothing else crosses.
 Knows nothing of torch, ipyparallel or plotly.
 """
@@ -12,6 +13,7 @@ from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord,
                         ServeEngine, ServeOptions, ServePolicy, ServeResult, TokenRecord)
 from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
                     NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
+from .schedule import ScheduleAction, SchedulePreview
 from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
 from .training import CommRecord, DataKind, DataSource, ExpertRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
 
@@ -23,4 +25,5 @@ __all__ = [
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",
     "RankIdentity", "RankPlace", "LayoutInfo",
     "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo", "DataKind", "DataSource",
+    "ScheduleAction", "SchedulePreview",
 ]

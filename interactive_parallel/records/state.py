@@ -84,6 +84,11 @@ class ScratchLayout(Record):
         return os.path.join(self.root, "replan")
 
     @property
+    def compile_cache(self) -> str:
+        """Inductor's cache of compiled blocks under Plan(compile=True) (runtime/parallel/compile.py)."""
+        return os.path.join(self.root, "compile")
+
+    @property
     def shared_token(self) -> str:
         """The file the client writes to ask ranks on other hosts whether they share the root."""
         return os.path.join(self.root, ".shared")

@@ -2,6 +2,7 @@
 
 Owns which module runs a cached forward under each layout, the transformers caches it
 fills, and what one step cost (time, KV bytes, the comm ledger's share):
+- under loss parallel (tp) the last position's vocabulary-split logits are gathered (`_whole`).
 - one rank, dp, tp: the model's own embeddings, blocks and head run as one pipeline stage
   module (runtime/parallel/pp.StageModule) with a `DynamicCache`: the transformers model's
   forward around them (its mask building, output classes) cost a quarter of a tiny-llama
@@ -44,12 +45,19 @@ def decoding(par: Parallelized):
     collective (one rank, plain data parallel; measured: a tiny-llama decoding step 1.35 ->
     1.17 ms on one rank), no_grad elsewhere: the comm ledger sees collectives through the
     Autograd dispatch keys, which inference tensors skip, and FSDP2's unshard refuses
-    inference mode (the unsharded parameters it makes are kept for later training)."""
+    inference mode (the unsharded parameters it makes are kept for later training). Under
+    Plan(compile=True) the blocks run eagerly here (runtime.parallel.compile.eager_blocks: a
+    decoding step's cache length changes every step, and compiling it was measured no faster)."""
     from torch.distributed.fsdp import FSDPModule
+
+    from .parallel.compile import eager_blocks
 
     plan = par.plan
     silent = plan.tp == plan.pp == plan.cp == 1 and not any(isinstance(m, FSDPModule) for m in par.raw.modules())
-    return torch.inference_mode() if silent else torch.no_grad()
+    stack = contextlib.ExitStack()
+    stack.enter_context(eager_blocks(plan))  # compile=True compiles training's blocks, not decoding's
+    stack.enter_context(torch.inference_mode() if silent else torch.no_grad())
+    return stack
 
 
 def new_caches(par: Parallelized, rows: int, micro: int | None = None) -> list:
@@ -126,7 +134,15 @@ def forward_last(par: Parallelized, ids: torch.Tensor, mask: torch.Tensor, posit
     if extra:
         for cache in caches:
             cache.crop(-extra)
-    return logits.float()
+    return _whole(logits).float()
+
+
+def _whole(logits: torch.Tensor) -> torch.Tensor:
+    """Under loss parallel the head's logits are split on the vocabulary (a DTensor): only the
+    picked position's are gathered, [b, vocab/tp] per rank -> [b, vocab], so sampling and the
+    greedy argmax see the whole row, identical on every tp rank. (A max-and-index all-reduce
+    would move less for greedy alone; sampling with top-k needs the row.)"""
+    return logits.full_tensor() if hasattr(logits, "full_tensor") else logits
 
 
 _STAGES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -174,7 +190,7 @@ def _cp_prefill(par: Parallelized, ids, mask, positions, cache, last: int) -> to
     owner = j if j < cp else 2 * cp - 1 - j
     index = last - j * chunk + (0 if j < cp else chunk)
     group = par.group(MeshAxis.CP)
-    row = logits[:, index].float().contiguous() if r == owner else \
+    row = _whole(logits[:, index]).float().contiguous() if r == owner else \
         torch.empty(ids.shape[0], logits.shape[-1], device=ids.device)
     dist.broadcast(row, group=group, group_src=owner)
     return row

@@ -41,7 +41,12 @@ Where a simulated rank departs from a live one, and why:
   only: inside a simulated rank they take transformers' own fallback op
   (torch.ops.transformers.grouped_mm_fallback, which has a fake kernel) instead
   (`_grouped_mm_fallback`, restored after); it keeps its offsets (an int32 per expert) out
-  of autograd's saved tensors, so activations read that many bytes per MoE layer fewer.
+  of autograd's saved tensors, so activations read that many bytes per MoE layer fewer;
+- Plan(compile=True): the blocks are compiled as on a live rank but run their eager code
+  (runtime.parallel.compile.eager_blocks): the dry run predicts memory and communication, not
+  time, and compiling costs tens of seconds. Compiling changes no parameter, gradient or
+  optimizer byte nor any collective; the activations inductor saves may differ from eager's
+  (bench/bench_compile.py measures both).
 Knows nothing of ipyparallel or the client; imported lazily (it imports torch).
 """
 from __future__ import annotations
@@ -224,6 +229,7 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from . import probes
+    from .parallel.compile import eager_blocks
     from .parallelize import parallelize
     from .train import make_optimizer, train_step
 
@@ -243,7 +249,7 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
         # every op it sees, so it is left off where nothing needs it.
         reads_values = par.schedule is None and par.cp_model is None
         experts = _grouped_mm_fallback() if spec.family_info.experts is not None else contextlib.nullcontext()
-        with experts, fake_mode, (_RealWhereReal() if reads_values else contextlib.nullcontext()):
+        with experts, eager_blocks(plan), fake_mode, (_RealWhereReal() if reads_values else contextlib.nullcontext()):
             for step in range(steps):
                 rec = train_step(par, optimizer, step, rank=rank)
         shards = probes.shard_records(par, rank)

@@ -114,11 +114,18 @@ def tie_group(plan: Plan, tied: bool, rank: int):
     """Process group of the pipeline ranks holding the first and the last stage, or None.
 
     Only needed when `tied` (one weight for the embedding and the LM head) and the two
-    stages sit on different ranks. Every rank creates every pair's group, in one order.
+    stages sit on different ranks (not under a V schedule: pipeline rank 0 holds both ends).
+    Every rank creates every pair's group, in one order.
     """
-    if plan.pp == 1 or not tied:
+    last_owner = plan.stage_owner(plan.n_stages - 1)
+    if plan.pp > 1 and tied and last_owner == 0 and plan.dp * plan.fsdp > 1:
+        # Checked before any stage is sharded: the two stage roots would each wrap the one
+        # weight, and the gradients came out NaN (replicate) or garbage (fully_shard), measured.
+        raise ValueError(f"a tied embedding and LM head under pp_schedule {plan.pp_schedule!r} with "
+                         f"dp({plan.dp}) * fsdp({plan.fsdp}) = {plan.dp * plan.fsdp} > 1: pipeline rank 0 "
+                         "holds both ends of its V, and one weight cannot sit in two FSDP / replicate stage roots")
+    if plan.pp == 1 or not tied or last_owner == 0:
         return None
-    last_owner = (plan.n_stages - 1) % plan.pp
     mine = None
     for ranks in axis_groups(plan.mesh_shape, MeshAxis.PP):
         pair = sorted({ranks[0], ranks[last_owner]})

@@ -1,7 +1,7 @@
 """Compose the parallelisms of a Plan onto a model, in one fixed order, torchtitan's way.
 
 Owns the order, nothing else: build on the meta device, pipeline split first (PP), then
-within each stage TP -> EP -> CP -> activation recomputation -> FSDP/replicate, then give the
+within each stage TP -> EP -> CP -> activation recomputation -> compile -> FSDP/replicate, then give the
 rank's own modules real storage (`to_empty`) and fill only its local shards
 (runtime.initialize: seeded or read from the model's directory), then DDP and the
 pipeline schedule, which need real tensors. No rank ever holds a whole copy of a
@@ -96,7 +96,8 @@ def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallel
     if plan.tp > 1:  # 2. tensor parallel, only the layers this rank holds
         from .parallel.tp import apply_tp
 
-        par.perms = apply_tp(raw, mesh["tp"], spec, layer_ids, sequence_parallel=plan.sequence_parallel)
+        par.perms = apply_tp(raw, mesh["tp"], spec, layer_ids, sequence_parallel=plan.sequence_parallel,
+                             loss_parallel=plan.loss_parallel)
     if spec.family_info.experts is not None:  # 2b. experts: routing counted; under ep, split over the ep ranks
         from .parallel.ep import apply_ep, attach_counter
 
@@ -111,13 +112,18 @@ def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallel
     if plan.cp > 1:  # 3. context parallel: attention rerouted, the forward takes position ids
         from .parallel.cp import apply_cp
 
-        apply_cp(raw, mesh["cp"], spec)
+        apply_cp(raw, mesh["cp"], spec, plan.cp_method)
         par.cp_model = roots[0] = StageModule(raw, spec, layer_ids, True, True)
     if plan.recompute != "none":  # 4. activation recomputation per decoder layer
         from .parallel.ac import apply_ac
 
         layers = raw.get_submodule(spec.family_info.layers_path)
         apply_ac([layers[i] for i in layer_ids], plan.recompute)
+    if plan.compile:  # 4b. torch.compile each decoder block in place, lazily (after AC, before FSDP)
+        from .parallel.compile import apply_compile
+
+        layers = raw.get_submodule(spec.family_info.layers_path)
+        apply_compile([layers[i] for i in layer_ids], plan, experts=spec.family_info.experts is not None)
     par.tie_group = tie_group(plan, spec.tied_embeddings, rank) if mesh is not None else None
     par.model = _apply_sharding(par, roots)  # 5. FSDP / HSDP / replicate, on meta tensors
     return par, roots
@@ -177,9 +183,14 @@ def _apply_sharding(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
                    for r in roots]
     shard_mesh, repl_mesh = data_parallel_meshes(plan, mesh)
     ignored = set(par.expert_params) or None  # their groups are the replicas' (runtime.parallel.ep)
+    # Zero-bubble schedules split a backward into input and weight halves, found from the
+    # parameters the stage holds then: resharded after forward, those are the sharded ones,
+    # outside the graph, and the last stage's weight gradients came out None or wrong (measured).
+    keep_unsharded = plan.zero_bubble
     for root, layers in zip(roots, layer_lists):
         if shard_mesh is not None:
-            apply_fsdp(root, shard_mesh, layers, precision=plan.precision, ignored=ignored)
+            apply_fsdp(root, shard_mesh, layers, precision=plan.precision, ignored=ignored,
+                       reshard_after_forward=not keep_unsharded)
         elif repl_mesh is not None:
             apply_replicate(root, repl_mesh, layers, ignored=ignored)
     return nn.ModuleList(roots) if plan.pp > 1 else roots[0]

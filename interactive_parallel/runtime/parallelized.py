@@ -96,8 +96,15 @@ class Parallelized:
                 out.append(p)
         return out
 
-    def forward_logits(self, input_ids: torch.Tensor, attention_mask=None, position_ids=None) -> torch.Tensor:
-        """Full-sequence logits on every rank (a collective under PP/TP/FSDP)."""
+    def forward_logits(self, input_ids: torch.Tensor, attention_mask=None, position_ids=None,
+                       sharded: bool = False) -> torch.Tensor:
+        """Full-sequence logits on every rank (a collective under PP/TP/FSDP). Under loss parallel
+        they are split on the vocabulary: `sharded` keeps them so (the DTensor the loss takes),
+        else they are gathered whole."""
+        logits = self._logits(input_ids, attention_mask, position_ids)
+        return logits if sharded or not hasattr(logits, "full_tensor") else logits.full_tensor()
+
+    def _logits(self, input_ids: torch.Tensor, attention_mask, position_ids) -> torch.Tensor:
         if self.schedule is not None:
             from .parallel.pp import pipeline_forward
 

@@ -100,6 +100,10 @@ def rebuild(st, plan, device, scratch: ScratchLayout | None,
     from .train import make_optimizer, make_scaler
 
     how, source = _source(st, scratch, restore)
+    if plan.compile and scratch is not None:  # the session's, removed at its stop
+        from .parallel.compile import use_cache_dir
+
+        use_cache_dir(scratch.compile_cache)
     par = parallelize(st.spec, plan, device=device, fill="seed" if how == RestoreSource.SEED else "none")
     optimizer = make_optimizer(par)
     step = 0

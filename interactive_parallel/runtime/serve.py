@@ -33,6 +33,7 @@ from ..records.inference import ServeEngine, ServePolicy
 from . import channel
 from .decode import cache_bytes, decoding, forward_last, measured, new_caches
 from .generate import encode, pick, suppress_padding
+from .parallel.compile import eager_blocks
 from .parallelized import Parallelized
 from .serve_records import add_token, close_records, new_record
 from .serve_transformers import serve_transformers
@@ -303,8 +304,9 @@ def serve(par: Parallelized, requests: list[Request], *, engine: ServeEngine, re
     par.model.eval()
     try:
         if engine == "transformers":
-            records, window = serve_transformers(par, requests, mine, rank=rank, max_batch=max_batch,
-                                                 kv_tokens=kv_tokens, leader=leader, boundary=boundary)
+            with eager_blocks(par.plan):  # process-wide: the engine's thread runs the blocks eagerly too
+                records, window = serve_transformers(par, requests, mine, rank=rank, max_batch=max_batch,
+                                                     kv_tokens=kv_tokens, leader=leader, boundary=boundary)
         else:
             server = Server(par, requests, mine, rank=rank, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens,
                             leader=leader, boundary=boundary)

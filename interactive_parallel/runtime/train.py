@@ -4,8 +4,10 @@ Owns gradient accumulation, autocast/scaler, the optimizer and the StepRecord, a
 three ways a micro-batch runs: a plain forward/backward, a pipeline schedule step (PP:
 the last stage computes the loss, runtime.parallel.pp.pipeline_loss) and a
 context-parallel forward on this rank's share of the sequence (CP). The loss itself is
-runtime.loss.token_loss. Knows nothing of how the parallelisms are laid out:
-Parallelized says which rows are ours and which module or schedule to call.
+runtime.loss.token_loss, taken with its backward inside runtime.loss.loss_context (torch's
+loss_parallel on vocabulary-split logits under Plan.loss_parallel). Knows nothing of how the
+parallelisms are laid out: Parallelized says which rows are ours and which module or schedule
+to call.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from torch._subclasses.fake_tensor import is_fake
 from ..plan import MeshAxis, Plan
 from ..records import StepRecord
 from .data import local_batch as make_local_batch
-from .loss import token_loss
+from .loss import loss_context, token_loss
 from .parallelized import Parallelized
 
 
@@ -95,7 +97,7 @@ def _pipeline_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
         # Ranks without the last stage never scale a loss (their gradients arrive scaled
         # from the next stage), but unscale_ needs the scale: this starts it on every rank.
         scaler.scale(torch.ones((), device=par.device))
-    with autocast(par.plan, par.device), scaled_loss(scaler):
+    with autocast(par.plan, par.device), scaled_loss(scaler), loss_context(par.plan):
         par.schedule.step(*args, **kwargs)
     if not losses:
         return math.nan
@@ -112,8 +114,9 @@ def _cp_micro(par: Parallelized, mb: torch.Tensor, scaler) -> float:
         logits = par.model(ids, position_ids=pos)
     # Each cp rank's mean is over its own tokens; the replicate/FSDP wrapper averages the
     # gradients over cp ranks, which makes them those of the whole sequence's mean.
-    loss = par.with_router_loss(token_loss(logits, targets) / par.plan.grad_accum)
-    (scaler.scale(loss) if scaler else loss).backward()
+    with loss_context(par.plan):
+        loss = par.with_router_loss(token_loss(logits, targets) / par.plan.grad_accum)
+        (scaler.scale(loss) if scaler else loss).backward()
     value = loss.detach().clone()
     dist.all_reduce(value, group=par.group(MeshAxis.CP))
     return scalar(value) / cp
@@ -134,9 +137,10 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
             continue
         with no_sync(par, last=i == len(micro) - 1):
             with autocast(plan, par.device):
-                logits = par.forward_logits(mb[:, :-1])
-            loss = par.with_router_loss(token_loss(logits, mb[:, 1:]) / plan.grad_accum)
-            (scaler.scale(loss) if scaler else loss).backward()
+                logits = par.forward_logits(mb[:, :-1], sharded=True)  # [b, s, vocab/tp] under loss parallel
+            with loss_context(plan):
+                loss = par.with_router_loss(token_loss(logits, mb[:, 1:]) / plan.grad_accum)
+                (scaler.scale(loss) if scaler else loss).backward()
         total += scalar(loss)
     par.finish_grads()
     return total

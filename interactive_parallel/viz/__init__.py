@@ -1,6 +1,6 @@
 """Pure functions from records to plotly Figures, and an HTML report of them.
 
-Owns how training, memory, communication, expert routing, pipeline, sharding and inference
+Owns how training, memory, communication, expert routing, pipeline (measured and simulated), sharding and inference
 (decoding steps, served requests, quantization) records are drawn. Knows nothing
 of torch, ipyparallel or ipywidgets: it is testable without a kernel, and the widgets and the CLI
 call it with whatever records they hold. Every figure has an empty state ("no data yet: train a step"),
@@ -15,6 +15,8 @@ from .memory import memory_figure
 from .mesh import MeshGrid, comm_links, mesh_figure, mesh_grid
 from .pipeline import bubble_fractions, pipeline_figure
 from .report import figures_from_records, write_report
+from .ring import ring_rounds, ring_rounds_figure
+from .schedule import schedule_figure
 from .serving import latency_figure, request_phases, request_timeline_figure
 from .sharding import layout_table, shard_regions, sharding_figure
 from .timeline import timeline_figure
@@ -29,5 +31,6 @@ __all__ = [
     "request_timeline_figure", "latency_figure", "request_phases",
     "MeshGrid", "mesh_grid", "comm_links", "mesh_figure",
     "expert_load", "expert_load_figure", "imbalance", "tokens_moved", "tokens_moved_figure",
-    "expert_load_over_steps_figure",
+    "expert_load_over_steps_figure", "schedule_figure",
+    "ring_rounds", "ring_rounds_figure",
 ]

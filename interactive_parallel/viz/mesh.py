@@ -158,15 +158,18 @@ def _mem(rec: MemoryRecord | None, what: str) -> str:
 def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord] | None = None,
                 predicted: Iterable[MemoryRecord] | None = None, shards: Iterable[ShardRecord] | None = None,
                 param: str | None = None, comms: Iterable[CommRecord] | None = None, source: str = "",
-                focus: int = 0, aspect: float = 2.0, num_experts: int = 0) -> go.Figure:
+                focus: int = 0, aspect: float = 2.0, num_experts: int = 0, num_layers: int = 0) -> go.Figure:
     """The mesh of `shape` (axis -> size, or a Plan): a heatmap of ranks coloured by memory
     (measured, else predicted, else uniform), hover text per rank, one line trace per mesh
     axis linking the members of each communication group (named `tp: 1.2 GiB/rank`): every
     group up to ALL_LINKS ranks, else the groups of rank `focus`. With `num_experts` and a Plan
     under expert parallelism, the ranks are coloured by the experts they hold (the same ids in
-    every MoE layer) and each cell names them."""
+    every MoE layer) and each cell names them. With `num_layers` and a Plan under pipeline
+    parallelism, each cell names the stages its rank holds and their decoder layers (uneven
+    splits show as different ranges)."""
     grid = mesh_grid(shape, aspect)
     experts_held = _experts_held(shape, grid.world, num_experts)
+    stages_held = _stages_held(shape, grid.world, num_layers)
     title = "Device mesh" + (f" ({source})" if source else "")
     if grid.world <= 1:
         return empty_figure(title, text="a single rank: no mesh")
@@ -186,6 +189,10 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
         z[row][col] = (rec.params + rec.grads + rec.optimizer + (rec.activations or 0)) / unit if rec else 0.0
         text[row][col] = f"{rank}<br>{label}"
         lines = [f"rank {rank}: {label}"]
+        if rank in stages_held:
+            note, line = stages_held[rank]
+            text[row][col] += note
+            lines.append(line)
         if experts_held:  # coloured by the experts held, in place of memory
             z[row][col], note, line = experts_held[rank]
             text[row][col] += note
@@ -227,6 +234,28 @@ def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[i
         ep_rank = expert_coords(rank, shape.mesh_shape, ep)[1]
         lo, hi = ep_rank * local, (ep_rank + 1) * local - 1
         out[rank] = (ep_rank, f"<br>E{lo}-{hi}", f"holds experts {lo}..{hi} of every MoE layer (ep rank {ep_rank})")
+    return out
+
+
+def _stages_held(shape: Any, world: int, num_layers: int) -> dict[int, tuple[str, str]]:
+    """rank -> (the cell's note, the hover line) naming its pipeline stages and their decoder
+    layers, under a Plan with pp > 1, else {}."""
+    if getattr(shape, "pp", 1) <= 1 or not num_layers or not hasattr(shape, "stage_ids"):
+        return {}
+    from ..plan import MeshAxis, mesh_coords
+
+    counts = shape.layer_counts(num_layers)
+    out = {}
+    for rank in range(world):
+        stages = shape.stage_ids(mesh_coords(rank, shape.mesh_shape)[MeshAxis.PP])
+        spans = []
+        for s in stages:
+            ids = shape.stage_layer_ids(num_layers, s)
+            spans.append((s, f"L{ids[0]}-{ids[-1]}" if ids else "no layers", len(ids)))
+        note = "<br>" + " ".join(f"S{s}:{span}" for s, span, _ in spans)
+        extra = {0: " + embedding", len(counts) - 1: " + norm, head"}
+        line = "; ".join(f"stage {s}: {n} layers ({span}{extra.get(s, '')})" for s, span, n in spans)
+        out[rank] = (note, line)
     return out
 
 

@@ -80,28 +80,29 @@ class DryView:
             return
         dry = self.current()
         param, live_shards = self.shown_layout()
-        experts = self._num_experts(dry)
+        spec = self._spec(dry)
+        counts = dict(num_experts=spec.num_experts, num_layers=spec.num_layers) if spec is not None else {}
         if dry is not None and dry.plan.replace(device=plan.device) == plan:
             shards = dry.layout(param=param) if param in params_of(dry) else None
             refresh(self.mesh, viz.mesh_figure(plan, memory=dry.memory(), predicted=predicted, shards=shards,
                                                param=param, comms=dry.iter_comms(shown_ranks(dry)),
-                                               source="dry run", num_experts=experts))
+                                               source="dry run", **counts))
         elif self.session.alive and self.session().plan == plan:
             s = self.session()  # the applied plan: what the ranks measured
             shards = [r for r in live_shards if r.param == param] or None
             refresh(self.mesh, viz.mesh_figure(plan, memory=s.memory(), predicted=predicted, shards=shards,
                                                param=param, comms=s.comms(), source="live",
-                                               num_experts=experts))
+                                               **counts))
         else:
-            refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted", num_experts=experts))
+            refresh(self.mesh, viz.mesh_figure(plan, predicted=predicted, source="predicted", **counts))
 
-    def _num_experts(self, dry: Any) -> int:
-        """Experts per MoE layer of the model the mesh is drawn for (0: dense), from its config."""
+    def _spec(self, dry: Any) -> Any:
+        """The spec of the model the mesh is drawn for (its experts and layers name the cells), or None."""
         if dry is not None:
-            return dry.spec.num_experts
+            return dry.spec
         if self.session.alive and self.session().spec is not None:
-            return self.session().spec.num_experts
-        return 0
+            return self.session().spec
+        return None
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.run.disabled = busy or not self.on

@@ -37,6 +37,10 @@ CLUSTER_FIELDS = ("device",)
 EXPERT_FIELDS = ("ep",)
 """Degrees beside the mesh axes, shown only for a model with experts (a mixture of experts)."""
 PREDICTION_UNAVAILABLE = "prediction unavailable"
+COMPILE_NOTE = ("compile: the first training step compiles the decoder blocks, about a minute on 2 cores "
+                "(seconds once this session has compiled the same plan and sequence length); later steps "
+                "are faster; generation and serving run the blocks eagerly")
+"""What Plan(compile=True) costs, said when it is ticked (bench/bench_compile.py measures it)."""
 
 
 def picker(name: str, kind: Any, value: Any, doc: str) -> W.ValueWidget:
@@ -207,6 +211,8 @@ class PlanSection:
         fits = f"lays out on {plan.world_size} virtual ranks (dry run)" if self.dry.on and plan is not None \
             else f"fits {self.world_size()} ranks"
         text = problems_html(label, problems, fits, model_note if spec is not None else "")
+        if plan is not None and plan.compile:
+            text += f"<div class='ip-compile-note'>{note(COMPILE_NOTE)}</div>"
         current = self.session().plan if self.session.alive else None
         if current is not None and current != plan:
             text += f"<div>{note(f'not applied yet: the ranks run {current.describe()}; click Apply')}</div>"

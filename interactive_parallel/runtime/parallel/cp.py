@@ -1,24 +1,29 @@
 """Context parallel: the sequence split across the cp mesh axis, attention over the whole of it.
 
-Owns the load-balanced sequence split and an attention function registered with
-transformers (the model code is not edited: the config's attention implementation
-is switched to it). Knows nothing of the other axes; gradient averaging over cp ranks
-is the data-parallel wrapper's job (cp ranks act as data-parallel ranks for parameters).
+Owns an attention function registered with transformers (the model code is not edited: the
+config's attention implementation is switched to it), which runs the plan's cp_method (the
+all-gather here, the ring in runtime.parallel.ring) over the load-balanced split. Knows nothing of the other axes; gradient averaging over
+cp ranks is the data-parallel wrapper's job (cp ranks act as data-parallel ranks for parameters).
 
 Why not torch's `context_parallel`: on this torch it has no sharding strategy for the
-CPU SDPA kernel, so causal attention does not run on CPU (measured). Instead each rank
+CPU SDPA kernel, so causal attention does not run on CPU (measured). With 'allgather' each rank
 all-gathers K and V of the whole sequence (O(seq) memory per rank, unlike a ring, but
 one collective per layer and exact) and attends with its own queries under a causal
 mask written in global positions.
 
-Load balance: the sequence is cut into 2*cp chunks and rank r keeps chunks r and
-2*cp-1-r, so under a causal mask every rank does the same amount of attention work.
+Load balance (runtime.parallel.cp_split): the sequence is cut into 2*cp chunks and rank r
+keeps chunks r and 2*cp-1-r, so under a causal mask every rank does the same attention work.
 
 Generation: the prompt's forward (prefill) runs split like a training step, inside
 `prefill(cache, key_mask)`: the keys and values each rank gathers anyway are what the
 transformers cache keeps for its layer (the whole sequence, so later tokens can attend to
 all of it), and padding keys are hidden. The decoding steps after it run the whole (short)
 sequence on every cp rank (`whole_sequence()`), against that cache, under the caller's mask.
+
+Ring (`Plan(cp_method="ring")`, runtime.parallel.ring): training forwards and backwards pass
+K/V blocks rank to rank instead of gathering them. A prefill under ring fills the cache
+through the all-gather above (one all-gather of K/V per layer: the cache keeps the whole
+prompt on every rank anyway); decoding is as today.
 """
 from __future__ import annotations
 
@@ -29,24 +34,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .cp_split import local_positions, shard_sequence
+from .ring import ring_attention
+
+__all__ = ["apply_cp", "cp_attention", "local_positions", "prefill", "shard_sequence", "whole_sequence"]
+
 IMPL = "ip_context_parallel"
 _ENABLED = [True]
 _PREFILL: list = [None]
 """(cache, key mask [b, s] in global order) while a cached prefill runs split, else None."""
-
-
-def shard_sequence(t: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
-    """Chunks r and 2*cp-1-r of `t` along `dim` (validation makes seq_len divisible by 2*cp)."""
-    chunks = t.chunk(2 * cp, dim=dim)  # 2cp x [.., s/2cp, ..]
-    return torch.cat([chunks[rank], chunks[2 * cp - 1 - rank]], dim=dim)  # [.., s/cp, ..]
-
-
-def local_positions(seq_local: int, cp: int, rank: int, device) -> torch.Tensor:
-    """Global positions of this rank's tokens: chunks r and 2*cp-1-r of the sequence, [s/cp]."""
-    c = seq_local // 2
-    first = torch.arange(rank * c, (rank + 1) * c, device=device)
-    second = torch.arange((2 * cp - 1 - rank) * c, (2 * cp - rank) * c, device=device)
-    return torch.cat([first, second])
 
 
 class _GatherSeq(torch.autograd.Function):
@@ -97,11 +93,17 @@ def cp_attention(module: nn.Module, query, key, value, attention_mask, dropout: 
                                              scale=scaling, dropout_p=dropout)
         return out.transpose(1, 2).contiguous(), None
     cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
+    if getattr(module, "_ip_cp_method", "allgather") == "ring" and _PREFILL[0] is None:
+        if dropout:
+            raise ValueError(f"ring context parallel runs no attention dropout (dropout {dropout})")
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = ring_attention(query, key, value, group, scale, window)  # [b, heads, s/cp, d]
+        return out.transpose(1, 2).contiguous(), None  # [b, s/cp, heads, d]
     key, value = _whole_sequence(key, group, cp), _whole_sequence(value, group, cp)  # [b, kv_heads, s, d]
     q_pos = local_positions(query.shape[2], cp, rank, query.device)  # [s/cp]
     k_pos = torch.arange(key.shape[2], device=query.device)  # [s]
     mask = q_pos[:, None] >= k_pos[None, :]  # [s/cp, s], causal in global positions
-    window = kwargs.get("sliding_window") or getattr(module, "sliding_window", None)
     if window:  # a sliding layer (Mistral, Gemma 3) sees only the last `window` keys, itself included
         mask &= q_pos[:, None] - k_pos[None, :] < window
     if _PREFILL[0] is not None:
@@ -122,16 +124,16 @@ def _register() -> None:
     AttentionInterface.register(IMPL, cp_attention)
 
 
-def apply_cp(model: nn.Module, mesh, spec) -> None:
+def apply_cp(model: nn.Module, mesh, spec, method: str = "allgather") -> None:
     """Route every attention module of `model` (FamilyInfo.attention_path in each block) through
-    cp_attention over the 1-D cp `mesh`."""
+    cp_attention over the 1-D cp `mesh`, its K/V exchanged by `method` ('allgather' or 'ring')."""
     _register()
     group = mesh.get_group()
     model.config._attn_implementation = IMPL
     layers = model.get_submodule(spec.family_info.layers_path)
     for layer in layers:
         attn = layer.get_submodule(spec.family_info.attention_path)
-        attn._ip_cp_group = group
+        attn._ip_cp_group, attn._ip_cp_method = group, method
         attn.config._attn_implementation = IMPL
 
 

@@ -3,8 +3,10 @@
 Owns the stage module (a thin nn.Module over the transformers model's own embeddings,
 layers and head, found through the family's FAMILIES entry: the model code is not edited
 and the parameter names stay the model's), the split into the stages a rank holds (loop
-order: rank r holds stages r, r + pp, ...; Plan.stage_ids), the schedule (GPipe, 1F1B,
-Interleaved1F1B) with the last stage's loss (scaled for fp16), and a schedule-free forward
+order: rank r holds stages r, r + pp, ...; under a V, r and 2 * pp - 1 - r; Plan.stage_ids),
+the schedule (torch's class by name: GPipe, 1F1B, Interleaved1F1B, and the zero-bubble
+InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) with the last stage's loss (scaled for
+fp16), and a schedule-free forward
 for inference (shapes change every generated token, which a PipelineStage cannot follow):
 micro-batches flow through the stages with point-to-point sends, each stage keeping the KV
 cache of its own layers (transformers' cache classes) per micro-batch. Knows nothing of the
@@ -62,6 +64,7 @@ class StageModule(nn.Module):
             return raw.get_submodule(path) if path and held else None
 
         self.first, self.last = first, last
+        self.stage_index = 0  # the global stage (apply_pp sets it); 0 for the whole model
         self.hidden_size, self.vocab_size = spec.hidden_size, spec.vocab_size
         self.embedding_scale = (spec.hidden_size ** 0.5 if fam.embedding_scale == "sqrt_hidden"
                                 else float(spec.config[fam.embedding_scale]) if fam.embedding_scale else None)
@@ -128,11 +131,15 @@ class StageModule(nn.Module):
 
 
 def apply_pp(raw: nn.Module, spec: ModelSpec, plan: Plan, pp_rank: int) -> list[StageModule]:
-    """The stage modules of this pipeline rank; layers split evenly (validation checks divisibility)."""
+    """The stage modules of this pipeline rank, each with its global `stage_index`; the layers of
+    each stage as Plan.layer_counts gives them (even, or the plan's stage_layers)."""
     total = plan.n_stages
-    per = spec.num_layers // total
-    return [StageModule(raw, spec, list(range(s * per, (s + 1) * per)), s == 0, s == total - 1)
-            for s in plan.stage_ids(pp_rank)]
+    modules = []
+    for s in plan.stage_ids(pp_rank):
+        module = StageModule(raw, spec, plan.stage_layer_ids(spec.num_layers, s), s == 0, s == total - 1)
+        module.stage_index = s
+        modules.append(module)
+    return modules
 
 
 _SCALER: list = [None]
@@ -154,7 +161,9 @@ def pipeline_loss(plan: Plan):
     scaled inside `scaled_loss(scaler)`.
 
     The schedule runs with scale_grads=False: its own division rescales *all* gradients,
-    accumulated ones from earlier accumulation micro-steps included.
+    accumulated ones from earlier accumulation micro-steps included. Under loss parallel the
+    logits arrive split on the vocabulary (a DTensor) and token_loss takes them as they are:
+    the schedule's step, backward included, runs inside runtime.loss.loss_context.
     """
     parts = plan.n_microbatches * plan.grad_accum
 
@@ -199,25 +208,31 @@ def stage_examples(module: StageModule, plan: Plan) -> tuple[torch.Tensor, torch
 def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device) -> tuple[Any, tuple]:
     """(the plan's schedule over a PipelineStage per module, the schedule_shape it was built for).
 
+    The class is torch's, chosen by name (plan.TORCH_SCHEDULES through get_schedule_class):
+    GPipe and 1F1B take the rank's one stage, the multi-stage ones (looped, V) a list of them.
     scale_grads=False: pipeline_loss already divides by the microbatch (and accumulation)
     count. The schedule's own scaling divides *every* gradient after each step, which
     would also shrink what earlier accumulation micro-steps left there.
     On gloo the schedules' batched p2p (batch_isend_irecv) ran without hangs for GPipe,
-    1F1B and Interleaved1F1B at pp 2 and 4, with TP, DP and FSDP inside (measured here).
+    1F1B and Interleaved1F1B at pp 2 and 4, and for InterleavedZeroBubble, ZBVZeroBubble
+    and DualPipeV (its overlapped F/B runs as its two halves in turn) at pp 2 and 4, with
+    TP, DP and FSDP inside (measured here). Under a zero-bubble schedule FSDP keeps the
+    stages unsharded between forward and backward (runtime.parallelize says why).
     """
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B)
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
 
+    from ...plan.plan import TORCH_SCHEDULES
+
+    cls = get_schedule_class(TORCH_SCHEDULES[plan.pp_schedule])
     pp_rank = dist.get_rank(pp_group)
     stages = []
     for m, s in zip(stage_modules, plan.stage_ids(pp_rank)):
         inp, out = stage_examples(m, plan)
         stages.append(PipelineStage(m, s, plan.n_stages, device, input_args=inp, output_args=out, group=pp_group))
     kw = dict(n_microbatches=plan.n_microbatches, loss_fn=pipeline_loss(plan), scale_grads=False)
-    if plan.pp_schedule == "interleaved-1f1b":
-        return ScheduleInterleaved1F1B(stages, **kw), schedule_shape(plan)
-    cls = ScheduleGPipe if plan.pp_schedule == "gpipe" else Schedule1F1B
-    return cls(stages[0], **kw), schedule_shape(plan)
+    held = stages[0] if issubclass(cls, PipelineScheduleSingle) else stages
+    return cls(held, **kw), schedule_shape(plan)
 
 
 def row_slices(rows: int, parts: int) -> list[slice]:
@@ -244,14 +259,16 @@ def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids
     stages: a stage sends one micro-batch on (isend) and starts the next while the next
     stage works on the first, and each stage's layers keep their keys and values in that
     micro-batch's cache. Every rank walks (micro-batch, stage) in the same order, so the
-    sends between two ranks meet their receives in order. The last stage broadcasts the
-    logits over the pp group, so every rank samples the same next token.
+    sends between two ranks meet their receives in order. A stage's rank is plan.stage_owner's:
+    under a V (zbv, dualpipev) the hidden states go back down to lower ranks, and the two
+    stages at the V's tip sit on one rank, which hands them on without a send. The last
+    stage broadcasts the logits over the pp group, so every rank samples the same next token.
     """
-    pp_rank, pp = dist.get_rank(pp_group), plan.pp
+    pp_rank, owner = dist.get_rank(pp_group), plan.stage_owner
     mine = dict(zip(plan.stage_ids(pp_rank), stage_modules))
     total = plan.n_stages
     parts = len(caches) if caches else 1
-    last_owner = (total - 1) % pp
+    last_owner = owner(total - 1)
     outs, pending = [], []
     for m, rows in enumerate(row_slices(ids.shape[0], parts)):
         mb = ids[rows]  # [b/m, s]
@@ -261,15 +278,16 @@ def pipeline_forward(stage_modules: list[StageModule], plan: Plan, pp_group, ids
                   else position_ids[rows])
         h = None
         for stage in range(total):
-            if stage % pp != pp_rank:
+            if owner(stage) != pp_rank:
                 continue
-            if stage > 0:
+            if stage > 0 and owner(stage - 1) != pp_rank:
                 h = torch.empty(mb.shape[0], mb.shape[1], hidden_size, device=ids.device)  # [b/m, s, h]
-                dist.recv(h, group=pp_group, group_src=(stage - 1) % pp, tag=stage)
+                dist.recv(h, group=pp_group, group_src=owner(stage - 1), tag=stage)
             h = mine[stage](mb if stage == 0 else h, **kw)  # [b/m, s, h], or [b/m, s, vocab] on the last stage
             if stage < total - 1:
-                pending.append(dist.isend(h.float().contiguous(), group=pp_group, group_dst=(stage + 1) % pp,
-                                          tag=stage + 1))
+                h = h.float().contiguous()  # what a receiving stage's fp32 buffer would hold
+                if owner(stage + 1) != pp_rank:
+                    pending.append(dist.isend(h, group=pp_group, group_dst=owner(stage + 1), tag=stage + 1))
         if pp_rank == last_owner:
             outs.append(h.float() if take is None else h[:, take].float())
     for work in pending:

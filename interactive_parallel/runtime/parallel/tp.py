@@ -7,8 +7,13 @@ their gradient summed over tp (`ReplicatedHeadNorm`), linears whose weight is st
 transposed (transformers' Conv1D, FamilyInfo.weights_transposed) and fused q|k|v projections
 (style 'colwise_fused_qkv', regrouped per head first), sequence parallelism of the norms,
 and rewriting the attention modules' head bookkeeping for the local shard
-(FamilyInfo.local_head_attrs). Reads the family's facts, never its name; the model code
-is never edited. Knows nothing of other mesh axes or of how the model is trained.
+(FamilyInfo.local_head_attrs). Under Plan.loss_parallel also the vocabulary ends
+(torchtitan's plan): the token embedding rowwise on the vocabulary (its output all-reduced,
+whole), the LM head colwise with its logits left split on the vocabulary as a DTensor for
+runtime.loss to take the cross-entropy on (a tied pair is one weight, split once: both
+styles shard the [vocab, hidden] matrix on dim 0). Without it, both stay whole on every tp
+rank. Reads the family's facts, never its name; the model code is never edited. Knows
+nothing of other mesh axes or of how the model is trained.
 """
 from __future__ import annotations
 
@@ -202,8 +207,49 @@ def _permute_fused(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> dic
     return perms
 
 
-def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False) -> dict:
-    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place.
+def vocab_tp_plan(spec: ModelSpec, *, embedding: bool = True, head: bool = True) -> dict[str, nn.Module]:
+    """Module path -> ParallelStyle of the vocabulary ends under loss parallel.
+
+    Embedding: ids [b, s] (replicated) -> each rank looks up its vocab rows, zeros elsewhere,
+    all-reduced -> [b, s, h] whole (sequence parallelism cuts it at the first layer, as it
+    does without). Head: [b, s, h] whole (the last layer gathers the sequence) ->
+    [b, s, vocab/tp] kept as a DTensor Shard(-1): the loss and the greedy pick read it split.
+    """
+    fam = spec.family_info
+    plan: dict[str, nn.Module] = {}
+    if embedding:
+        plan[fam.embedding_path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if head:
+        plan[fam.lm_head_path] = Colwise(transposed=False, input_layouts=Replicate(), output_layouts=Shard(-1),
+                                         use_local_output=False)
+    return plan
+
+
+def _retie(model: nn.Module, spec: ModelSpec) -> None:
+    """Both styles made a Parameter of their own from the one tied weight (the same Shard(0) of
+    [vocab, hidden]): the head takes the embedding's again, so there is one weight and one gradient."""
+    fam = spec.family_info
+    model.get_submodule(fam.lm_head_path).weight = model.get_submodule(fam.embedding_path).weight
+
+
+def _shard_embedding_grad(module: nn.Module, _args) -> None:
+    """DTensor's embedding backward gives the vocabulary-split weight a whole [vocab, h] gradient
+    (Replicate, measured): each rank keeps only its rows of it (a local slice, no collective), so
+    the gradient is 1/tp per rank like the weight and a tied pair's two gradients match (the
+    tie's all-reduce over pipeline stages needs the same shape on both). Registered at the first
+    forward, on the weight the forward then sees: `to_empty` swaps tensors, hooks with them."""
+    w = module.weight
+    if getattr(w, "_ip_grad_sharded", False) or not hasattr(w, "placements"):
+        return
+    mesh, placements = w.device_mesh, w.placements
+    w.register_hook(lambda g: g if g.placements == placements else g.redistribute(mesh, placements))
+    w._ip_grad_sharded = True
+
+
+def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False,
+             loss_parallel: bool = False) -> dict:
+    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place (and under
+    `loss_parallel` the token embedding and LM head on the vocabulary).
 
     Returns {param name: (dim, permutation)} for fused weights whose sharded logical
     layout differs from the checkpoint layout (full_state_dict undoes it).
@@ -213,7 +259,13 @@ def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_par
     plan = layer_tp_plan(spec, layer_ids, sequence_parallel)
     if sequence_parallel:
         plan.update(_sp_plan(spec, layer_ids))
+    if loss_parallel:
+        plan.update(vocab_tp_plan(spec))
     parallelize_module(model, mesh, plan, src_data_rank=None)
+    if loss_parallel:
+        if spec.tied_embeddings:
+            _retie(model, spec)
+        model.get_submodule(spec.family_info.embedding_path).register_forward_pre_hook(_shard_embedding_grad)
     localize_attention(model, spec, layer_ids, tp)
     if sequence_parallel:
         _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh)

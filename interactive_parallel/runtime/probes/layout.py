@@ -22,12 +22,9 @@ from ...records import ShardRecord
 def _stage_of(par) -> dict[str, int]:
     """Parameter-name prefix -> global stage index, for the stages this rank holds."""
     out: dict[str, int] = {}
-    total = par.plan.n_stages
     for s in par.stages:
-        per = len(s.layer_ids)
-        index = s.layer_ids[0] // per if per else (0 if s.first else total - 1)
         for prefix in s.owned_prefixes:
-            out[prefix] = index
+            out[prefix] = s.stage_index
     return out
 
 
