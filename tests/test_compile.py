@@ -23,7 +23,7 @@ import pytest
 import parity_workers as W
 from mp_harness import run_ranks
 from interactive_parallel.plan import PRESETS, Plan, validate
-from interactive_parallel.plan.plan import _compile_problems
+from interactive_parallel.plan.validate import _compile_problems
 
 LOSS_TOL, GRAD_TOL, WEIGHT_TOL = 1e-5, 1e-5, 1e-4
 STEPS = 2

@@ -26,7 +26,8 @@ from collections import Counter, defaultdict
 from unittest import mock
 
 from ..plan import Plan, PlanError
-from ..plan.plan import TORCH_SCHEDULES, check
+from ..plan.plan import TORCH_SCHEDULES
+from ..plan.validate import check
 from ..records.schedule import COMM_ACTIONS, COMPUTE_ACTIONS, ScheduleAction, SchedulePreview
 
 KEPT = COMPUTE_ACTIONS + COMM_ACTIONS
