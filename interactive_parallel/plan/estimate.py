@@ -115,15 +115,14 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
             sum(1 for s in mine if s > 0 and plan.stage_owner(s - 1) != pp_rank)
         add("send", "pp", sends * m * acc, sends * m * acc * act / m)
         add("recv", "pp", sends * m * acc, sends * m * acc * act / m)
+    kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
     if plan.cp > 1 and plan.cp_method == "ring":
-        kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
         block = 2 * kv // plan.cp  # K and V of this rank's tokens, packed (dK|dV travel in fp32 too)
         # forward cp-1 hops (again under recomputation); backward cp-1 K|V hops and cp dK|dV hops
         hops = layers * acc * ((plan.cp - 1) * (2 if plan.recompute != "none" else 1) + (plan.cp - 1) + plan.cp)
         add("send", "cp", hops, hops * block)
         add("recv", "cp", hops, hops * block)
     elif plan.cp > 1:
-        kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
         # recomputation gathers K and V again (their c10d all_gather is not among the saved ops)
         gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)
         add("all_gather", "cp", gathers, gathers * kv)

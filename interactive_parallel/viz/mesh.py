@@ -25,7 +25,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ..plan.axes import MESH_ORDER, expert_coords, mesh_coords
+from ..plan.axes import MESH_ORDER, MeshAxis, expert_coords, mesh_coords
 from ..records import CommRecord, MemoryRecord, ShardRecord
 from ._common import OP_COLORS, TOP_AXIS_PX, empty_figure, human_bytes, records_of, styled, title_lines
 from .memory import latest_per_rank
@@ -242,21 +242,17 @@ def _stages_held(shape: Any, world: int, num_layers: int) -> dict[int, tuple[str
     layers, under a Plan with pp > 1, else {}."""
     if getattr(shape, "pp", 1) <= 1 or not num_layers or not hasattr(shape, "stage_ids"):
         return {}
-    from ..plan import MeshAxis, mesh_coords
-
-    counts = shape.layer_counts(num_layers)
-    out = {}
-    for rank in range(world):
-        stages = shape.stage_ids(mesh_coords(rank, shape.mesh_shape)[MeshAxis.PP])
+    extra = {0: " + embedding", shape.n_stages - 1: " + norm, head"}
+    per_pp_rank = {}  # every rank of one pipeline coordinate holds the same stages
+    for pp_rank in range(shape.pp):
         spans = []
-        for s in stages:
+        for s in shape.stage_ids(pp_rank):
             ids = shape.stage_layer_ids(num_layers, s)
             spans.append((s, f"L{ids[0]}-{ids[-1]}" if ids else "no layers", len(ids)))
         note = "<br>" + " ".join(f"S{s}:{span}" for s, span, _ in spans)
-        extra = {0: " + embedding", len(counts) - 1: " + norm, head"}
         line = "; ".join(f"stage {s}: {n} layers ({span}{extra.get(s, '')})" for s, span, n in spans)
-        out[rank] = (note, line)
-    return out
+        per_pp_rank[pp_rank] = (note, line)
+    return {rank: per_pp_rank[mesh_coords(rank, shape.mesh_shape)[MeshAxis.PP]] for rank in range(world)}
 
 
 def _every(count: int) -> int:
