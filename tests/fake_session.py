@@ -5,11 +5,14 @@ annotation (tests/test_widgets.py compares them with `inspect.signature`), and e
 returns is of the type Session returns: built from the real record classes, kept in the real
 telemetry store (cluster/telemetry.py), predictions from the real plan/estimate. What the ranks
 would compute is made up: losses fall, one all_reduce per step, a mixture-of-experts model's
-routing leans on one expert per layer, completions are the prompt reversed. Each call is appended to `calls`, so tests see what the panel asked for.
+routing leans on one expert per layer, completions are the prompt reversed, a calibration returns
+the shipped cpu profile renamed; step predictions and plan searches are the real plan/steptime and
+plan/search. Each call is appended to `calls`, so tests see what the panel asked for.
 """
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 import traceback
@@ -21,12 +24,16 @@ from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
 from interactive_parallel.plan import (MeshAxis, ModelSpec, Plan, PlanError, check, expert_coords, expert_groups,
                                        mesh_coords, resolve_model)
 from interactive_parallel.plan.estimate import predict_memory
+from interactive_parallel.plan.hardware import PROFILES
 from interactive_parallel.plan.inference import quantization_problems, request_problems, serving_engine
+from interactive_parallel.plan.search import search_plans
+from interactive_parallel.plan.steptime import predict_step
 from interactive_parallel.plan.virtual import DryRun, Simulated
-from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, ParamDiff, PipelineEvent,
-                                          QuantizeRecord, RankInfo, RankPlace, RecordList, Request, RequestRecord,
-                                          ServeEngine, ServePolicy, ServeResult, ShardRecord, StepRecord, TokenRecord,
-                                          VerifyReport)
+from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, HardwareProfile, MemoryRecord,
+                                          ParamDiff, PipelineEvent, QuantizeRecord, RankInfo, RankPlace, RecordList,
+                                          Request, RequestRecord, ServeEngine, ServePolicy, ServeResult, ShardRecord,
+                                          StepPrediction, StepRecord, TokenRecord, VerifyReport)
+from interactive_parallel.viz.plans import step_times
 
 WORLD = 4
 PARAMS = (("lm_head.weight", [128, 64]), ("model.embed_tokens.weight", [128, 64]))
@@ -35,7 +42,7 @@ ELEMENTS: dict[str, tuple[type, ...]] = {
     "train_async": (StepRecord,), "generate_async": (str,), "doctor": (RankInfo,), "memory": (MemoryRecord,),
     "comms": (CommRecord,), "timeline": (CommRecord, PipelineEvent), "layout": (ShardRecord,),
     "predict_memory": (MemoryRecord,), "quantize": (QuantizeRecord,), "decoding": (DecodeStep,),
-    "quantized": (QuantizeRecord,),
+    "quantized": (QuantizeRecord,), "search_plans": (StepPrediction,),
 }
 """The record types each list-returning method holds: checked on this fake and on a live Session."""
 
@@ -53,6 +60,7 @@ class FakeSession:
         self._plan: Plan | None = None
         self._alive = True
         self._stop = threading.Event()
+        self._calibrated: HardwareProfile | None = None
 
     alive = property(lambda self: self._alive)
     device = property(lambda self: "cpu")
@@ -60,6 +68,7 @@ class FakeSession:
     spec = property(lambda self: self._spec)
     plan = property(lambda self: self._plan)
     history = property(lambda self: self._telemetry.history)
+    calibrated = property(lambda self: self._calibrated)
     ranks_info = property(lambda self: [RankPlace(rank=r, engine_id=r, host="hostA", pid=1000 + r, cores=2, cuda=0,
                                                   local_rank=r) for r in range(self._world)])
 
@@ -313,6 +322,39 @@ class FakeSession:
     def predict_memory(self, plan: Plan | None = None) -> RecordList:
         self.calls.append(("predict_memory", plan))
         return RecordList(predict_memory(self._require_model(), plan or self._plan or Plan(dp=self._world)))
+
+    # ---- step time ----------------------------------------------------------------------------------
+    async def calibrate_async(self, *, precisions: Sequence[str] | None = None, repeats: int = 5) -> HardwareProfile:
+        self.calls.append(("calibrate", precisions, repeats))
+        self._require_model()  # calibration times matmuls at the model's shapes
+        self._calibrated = replace(PROFILES["cpu"], name=f"calibrated {self._world} x cpu",
+                                   source=f"fake calibration of {self._world} ranks")
+        return self._calibrated
+
+    def calibrate(self, *, precisions: Sequence[str] | None = None, repeats: int = 5) -> HardwareProfile:
+        return asyncio.run(self.calibrate_async(precisions=precisions, repeats=repeats))
+
+    def _profile(self, profile: str | HardwareProfile | None) -> str | HardwareProfile:
+        return profile or self._calibrated or ("cpu" if self.device == "cpu" else "h100")
+
+    def predict_step(self, plan: Plan | None = None, profile: str | HardwareProfile | None = None) -> StepPrediction:
+        """plan/steptime's prediction; for the applied plan, the median of its steps after the first beside it."""
+        self.calls.append(("predict_step", plan, profile))
+        plan = plan or self._plan or Plan(dp=self._world)
+        pred = predict_step(self._require_model(), plan, self._profile(profile))
+        measured = [t for _, t in step_times(self.history, plan.describe())][1:] if plan == self._plan else []
+        if measured:
+            pred.measured_s = statistics.median(measured)
+        return pred
+
+    def search_plans(self, profile: str | HardwareProfile | None = None, *, memory_per_rank: int | None = None,
+                     world: int | None = None, top: int | None = 20, **fixed: Any) -> RecordList:
+        self.calls.append(("search_plans", profile, dict(memory_per_rank=memory_per_rank, world=world, top=top,
+                                                         **fixed)))
+        plan = self._plan or Plan(dp=self._world)
+        knobs = {k: fixed.pop(k, getattr(plan, k)) for k in ("batch_size", "seq_len")}
+        return search_plans(self._require_model(), world or self._world, self._profile(profile),
+                            memory_per_rank=memory_per_rank, top=top, **knobs, **fixed)
 
     # ---- files, your code, the end ------------------------------------------------------------------
     def save(self, path: str) -> str:

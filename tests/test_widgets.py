@@ -129,6 +129,8 @@ def test_the_fake_returns_the_types_session_declares():
         "serve_async": asyncio.run(s.serve_async(["ab", "cd"], on_token=tokens.append)),
         "quantize": s.quantize("int8-weight-only"), "decoding": s.decoding(), "served": s.served(),
         "quantized": s.quantized(), "dequantize": s.dequantize(), "dry_run": s.dry_run(Plan(dp=8)),
+        "calibrate": s.calibrate(), "predict_step": s.predict_step(), "search_plans": s.search_plans(top=3),
+        "calibrate_async": asyncio.run(s.calibrate_async()),
         "interrupt": s.interrupt(), "stop": s.stop(),
     }
     assert set(values) == {n for n, v in vars(FakeSession).items() if not n.startswith("_") and callable(v)}
@@ -164,7 +166,7 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
         "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 16
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 18
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -187,7 +189,8 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     assert set(fit.figures) == {f"ip-{n}-figure" for n in ("loss", "memory", "comm-matrix", "comm-breakdown",
                                                           "timeline", "sharding", "pipeline", "tokens-per-step",
                                                           "kv-memory", "step-split", "request-timeline", "latency",
-                                                          "quantization", "mesh", "expert-load", "tokens-moved")}
+                                                          "quantization", "mesh", "expert-load", "tokens-moved",
+                                                          "plans", "step-time")}
     fit.widths = {"ip-loss-figure": 612, "ip-memory-figure": 0}
     assert p.views.loss.layout.width == 612 and p.views.memory.layout.width is None
     refresh(p.views.loss, loss_figure([StepRecord(rank=0, step=0, loss=1.0, tokens=1, time_s=1.0)]))

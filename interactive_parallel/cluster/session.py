@@ -20,7 +20,9 @@ from ..plan import ModelSpec, Plan
 from ..plan.virtual import DryRun
 from ..records import (DecodeStep, FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, RequestRecord,
                        ServeEngine, ServeOptions, ServePolicy, ServeResult, StepRecord, TokenRecord, VerifyReport)
+from ..records.hardware import HardwareProfile, StepPrediction
 from ..records.schedule import SchedulePreview
+from .calibration import Planner
 from .checks import check_session_args
 from .clocks import CLOCK_COLUMNS
 from .errors import SessionError
@@ -51,6 +53,8 @@ class Session:
     """Every record the ranks sent back (steps, probes, layout)."""
     model: ModelOps
     """The model as this client knows it (spec, plan) and the actions on it."""
+    planner: Planner
+    """The profile the ranks were calibrated to, and the step-time predictions that read it."""
 
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
                  timeout: float = 120.0, collective_timeout: float = 60.0, interface: str | None = None,
@@ -76,6 +80,7 @@ class Session:
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
                              collective_timeout=collective_timeout, interface=interface, relayout=recovery)
         self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
+        self.planner = Planner()
         try:
             self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout, launch=launch)
             run_sync(self.ranks.connect(expected=None if _pool else ranks))
@@ -112,6 +117,8 @@ class Session:
     quantization = property(lambda self: self.model.quantization,
                             doc="The torchao scheme the model runs quantized with (None: full precision).")
     history = property(lambda self: self.telemetry.history, doc="Every StepRecord so far, in order.")
+    calibrated = property(lambda self: self.planner.calibrated,
+                          doc="The HardwareProfile calibrate() measured (None before).")
     timeout = property(lambda self: self.ranks.timeout, doc="Seconds a remote call may take.")
     collective_timeout = property(lambda self: self.ranks.collective_timeout,
                                   doc="Seconds any collective may wait before it fails.")
@@ -408,6 +415,37 @@ class Session:
         share; viz.schedule_figure draws it beside a measured step. A bad plan is refused with
         validate's messages; runs nothing on the ranks (loads torch here on first use)."""
         return preview_schedule(plan or self.plan, self.spec)
+
+    async def calibrate_async(self, *, precisions: Sequence[str] | None = None, repeats: int = 5) -> HardwareProfile:
+        """Measure these ranks as a step uses them, every rank at once: matmuls at the loaded model's
+        shapes (tensor-parallel widths too) per precision, elementwise work forward and backward,
+        each collective on groups of every size and layout right after a compute burst, and how much
+        communication hides behind compute. Returns the HardwareProfile fitted to the slowest rank
+        (kept as `calibrated`: predict_step and search_plans read it). Needs a loaded model."""
+        return await self.planner.calibrate(self.ranks, self.spec, self.plan, precisions=precisions, repeats=repeats)
+
+    def predict_step(self, plan: Plan | None = None, profile: str | HardwareProfile | None = None) -> StepPrediction:
+        """`plan`'s (default: the applied one) predicted step on `profile` (default: the calibrated
+        profile, else the shipped one of the device): seconds split into compute, communication and
+        bubble, tokens/s, MFU, peak memory; for the applied plan, the median step time measured so
+        far (steps after the first) beside it. Pure: touches no rank."""
+        spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
+        steps: dict[int, float] = {}
+        for r in self.history if plan == self.plan else []:
+            if r.plan == plan.describe():
+                steps[r.step] = max(steps.get(r.step, 0.0), r.time_s)
+        return self.planner.predict(spec, plan, profile, self.device, list(steps.values())[1:])
+
+    def search_plans(self, profile: str | HardwareProfile | None = None, *, memory_per_rank: int | None = None,
+                     world: int | None = None, top: int | None = 20, **fixed: Any) -> RecordList:
+        """Every valid layout of the loaded model on `world` ranks (default: this session's) that fits
+        memory_per_rank bytes (default: the profile's), ranked by predicted tokens/s (plan.search):
+        StepPredictions whose plan_fields rebuild each Plan (Plan.from_dict) to apply or dry-run.
+        `fixed`: Plan fields held (batch_size and seq_len default to the session's plan's)."""
+        spec = self.model.require_model()
+        return self.planner.search(spec, world or self.world_size, profile, self.device,
+                                   self.plan or self.model.default_plan(), memory_per_rank=memory_per_rank, top=top,
+                                   **fixed)
 
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""

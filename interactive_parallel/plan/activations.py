@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .axes import MeshAxis, mesh_coords
-from .inventory import local_tensors
+from .inventory import _spec_key, local_tensors
 from .models import ModelSpec
 from .pipeline_order import zero_bubble_ops
 from .plan import Plan
@@ -93,6 +93,19 @@ class Parts:
 
 def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """One decoder block, one micro-batch of `rows` sequences on this rank."""
+    key = (_spec_key(spec), rows, plan.tp, plan.cp, plan.cp_method, plan.seq_len, plan.sequence_parallel,
+           plan.precision, plan.loss_parallel, plan.ep)
+    if key not in _LAYER:
+        if len(_LAYER) > 4096:
+            _LAYER.clear()
+        _LAYER[key] = _layer_parts(spec, plan, rows)
+    return _LAYER[key]
+
+
+_LAYER: dict[tuple, Parts] = {}
+
+
+def _layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
     h, q, kv, i = spec.hidden_size, spec.width("q"), spec.width("kv"), spec.intermediate_size
     seq = plan.seq_len
@@ -399,26 +412,44 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     best, after = Parts(), Parts()
     held, waiting, kept = [0] * len(stages), [0] * len(stages), [0] * len(stages)
 
-    def live_now() -> Parts:
-        return sum((p.scaled(n + w) for p, n, w in zip(parts, held, waiting)), Parts()) + after + \
-            sum((b.scaled(k) for b, k in zip(bodies, kept)), Parts())
+    def live_now(state: tuple) -> Parts:
+        held_, waiting_, kept_, after_ = state
+        return sum((p.scaled(n + w) for p, n, w in zip(parts, held_, waiting_)), Parts()) + after_ + \
+            sum((b.scaled(k) for b, k in zip(bodies, kept_)), Parts())
 
+    # The live total kept as a number and the state at the peak remembered, so the Parts are summed
+    # once (a schedule of a thousand actions, on each of a search's candidates)
+    sizes, body_sizes, live = [p.total for p in parts], [b.total for b in bodies], 0
+    top, peak, at_backward = 0, None, None
     for action, local, split in ops:
         whole = plan.zero_bubble and stages[local] == 0  # its backward all runs at 'W'
         if action == ("W" if whole else "B"):  # the microbatch's blocks run again while it is held
+            live += cached.total - after.total
             after = cached
-            best = max(best, live_now() + extra + Parts(head=-parts[local].head), key=lambda p: p.total)
+            if live + extra.total - parts[local].head > top:
+                top, peak, at_backward = live + extra.total - parts[local].head, (held[:], waiting[:], kept[:], after), local
         if action == "F":
             held[local] += 1
+            live += sizes[local]
         elif whole:
             held[local] -= action == "W"
+            live -= sizes[local] * (action == "W")
         elif action == "B":
             held[local] -= 1
             waiting[local] += split
+            live -= sizes[local] * (1 - split)
         elif split:
             waiting[local] -= 1
-            kept[local] += stages[local] == plan.n_stages - 1
-        best = max(best, live_now(), key=lambda p: p.total)
+            live -= sizes[local]
+            if stages[local] == plan.n_stages - 1:
+                kept[local] += 1
+                live += body_sizes[local]
+        if live > top:
+            top, peak, at_backward = live, (held[:], waiting[:], kept[:], after), None
+    if peak is not None:
+        best = live_now(peak)
+        if at_backward is not None:
+            best = best + extra + Parts(head=-parts[at_backward].head)
     return best, once_per_step(spec, plan, rank)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..records import CommEstimate, MemoryRecord
 from .activations import INT64, micro_rows, predict_activations
 from .axes import MeshAxis, mesh_coords
-from .inventory import ParamInfo, chunk, local_tensors, owned, param_inventory, shard_group
+from .inventory import ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
 from .plan import Plan
 
@@ -27,10 +27,11 @@ __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "loc
 FP32 = 4
 
 
-def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
-    """One MemoryRecord per rank (step -1: a prediction) of params / grads / optimizer / activations."""
+def predict_memory(spec: ModelSpec, plan: Plan, ranks: list[int] | None = None) -> list[MemoryRecord]:
+    """One MemoryRecord per rank (step -1: a prediction) of params / grads / optimizer / activations
+    (of `ranks` only, when given: a search over a thousand ranks asks for one per stage)."""
     out = []
-    for rank in range(plan.world_size):
+    for rank in range(plan.world_size) if ranks is None else ranks:
         tensors = local_tensors(spec, plan, rank)
         storage = sum(s for _, _, s in tensors) * FP32
         opt = sum(2 * held * FP32 + FP32 for _, held, _ in tensors)
@@ -42,6 +43,18 @@ def predict_memory(spec: ModelSpec, plan: Plan) -> list[MemoryRecord]:
 def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
     """(held bytes, storage bytes) per FSDP / replicate unit of `rank`: each decoder layer, then the rest
     (under ep without the expert weights, which neither FSDP nor replicate holds)."""
+    key = cut_key(spec, plan, rank)
+    if key not in _UNITS:
+        if len(_UNITS) > 20000:
+            _UNITS.clear()
+        _UNITS[key] = _units(spec, plan, rank)
+    return _UNITS[key]
+
+
+_UNITS: dict[tuple, list[tuple[int, int]]] = {}
+
+
+def _units(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
     units: dict[object, list[int]] = {}
     for p, held, storage in local_tensors(spec, plan, rank):
         if p.expert and plan.ep > 1:

@@ -27,7 +27,7 @@ from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
 from .plan import Plan
 
-__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors"]
+__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "cut_key"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,18 @@ def _norm_params(spec: ModelSpec, paths) -> list[tuple[str, tuple[int, ...], Non
 
 def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
     """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
+    key = _spec_key(spec)
+    if key not in _INVENTORY:
+        if len(_INVENTORY) > 64:
+            _INVENTORY.clear()
+        _INVENTORY[key] = tuple(_inventory(spec))
+    return list(_INVENTORY[key])
+
+
+_INVENTORY: dict[tuple, tuple] = {}
+
+
+def _inventory(spec: ModelSpec) -> list[ParamInfo]:
     fam, h, v = spec.family_info, spec.hidden_size, spec.vocab_size
     out = [ParamInfo(f"{fam.embedding_path}.weight", (v, h), None, "embed", vocab=True)]
     if fam.position_embedding_path:
@@ -135,13 +147,57 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
     """(param, elements held, elements of its storage) for each tensor rank `rank` trains.
 
     Storage differs from elements only under FSDP, which pads every shard to the largest. Under
-    ep an expert weight holds this rank's experts whole (FSDP does not shard it).
+    ep an expert weight holds this rank's experts whole (FSDP does not shard it). Kept per
+    (model, what decides the cut, the rank's coordinates): a plan search asks for the same cut
+    under many schedules and knobs.
     """
+    key = cut_key(spec, plan, rank)
+    hit = _CUT.get(key)
+    if hit is None:
+        if len(_CUT) > 20000:
+            _CUT.clear()
+        coords = mesh_coords(rank, plan.mesh_shape)
+        hit = _CUT[key] = _cut(spec, plan, coords, *shard_group(plan, coords))
+    return list(hit)
+
+
+def cut_key(spec: ModelSpec, plan: Plan, rank: int) -> tuple:
+    """What decides local_tensors(spec, plan, rank): the model and the rank's cut of it."""
     coords = mesh_coords(rank, plan.mesh_shape)
     f_size, f_index = shard_group(plan, coords)
+    stages = tuple(plan.stage_ids(coords[MeshAxis.PP])) if plan.pp > 1 else ()
+    return (_spec_key(spec), plan.tp, coords[MeshAxis.TP], f_size, f_index, plan.ep, plan.loss_parallel, stages,
+            tuple(plan.layer_counts(spec.num_layers)) if plan.pp > 1 else (), plan.n_stages if plan.pp > 1 else 1)
+
+
+_CUT: dict[tuple, tuple] = {}
+
+
+def _spec_key(spec: ModelSpec) -> tuple:
+    """A hashable stand-in for the model (its config as text), worked out once per spec object."""
+    held = _KEYS.get(id(spec))
+    if held is None or held[0] is not spec:
+        if len(_KEYS) > 64:
+            _KEYS.clear()
+        held = _KEYS[id(spec)] = (spec, (spec.name, spec.family, repr(sorted(spec.config.items())), id(spec.facts)))
+    return held[1]
+
+
+_KEYS: dict[int, tuple] = {}
+"""id(spec) -> (spec, key): the spec is held so that its id is not reused while cached."""
+
+
+def _cut(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], f_size: int, f_index: int) -> tuple:
     out = []
+    layers = None
+    if plan.pp > 1:
+        layers = {layer for stage in plan.stage_ids(coords[MeshAxis.PP])
+                  for layer in plan.stage_layer_ids(spec.num_layers, stage)}
     for p in param_inventory(spec):
-        if not owned(spec, plan, p, coords[MeshAxis.PP]):
+        if p.owner == "layer" and layers is not None:
+            if p.layer not in layers:
+                continue
+        elif not owned(spec, plan, p, coords[MeshAxis.PP]):
             continue
         shape = list(p.shape)
         dim = p.split_dim(plan)
@@ -156,4 +212,4 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
         else:
             held = storage = math.prod(shape)
         out.append((p, held, storage))
-    return out
+    return tuple(out)

@@ -22,6 +22,8 @@ from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, Group
                        NetworkFacts, QuantizeRecord, RankFacts, RankIdentity, RankInfo, Request, RestoreSource,
                        SaveInfo, ScratchLayout, ServeOptions, ServeResult, ShardRecord, SnapshotInfo, StepRecord,
                        VerifyReport)
+from ..records.calibration import CalibrateOptions
+from ..records.hardware import CalibrationSample
 from . import state as _state
 from .state import Quantized
 
@@ -118,6 +120,23 @@ def doctor(engine_id: int) -> RankInfo:
     from .doctor import check
 
     return check(engine_id)
+
+
+def calibrate(options: CalibrateOptions, spec: ModelSpec | None = None) -> list[CalibrationSample]:
+    """This rank's timings of matmuls at the options' shapes, elementwise chains, collectives on
+    every group size and layout, and compute / communication overlap (runtime.calibrate; a
+    collective: every rank runs it at once). Needs the process group, not a model: the
+    options carry the shapes (plan.calibration.calibrate_options derives them from a spec); with
+    `spec`, training steps of it cut to one and three layers too (in this process, beside any
+    layout: its own small models)."""
+    import torch.distributed as tdist
+
+    from .calibrate import calibrate as _calibrate
+
+    st = _state.get()
+    if not tdist.is_initialized():
+        raise RuntimeError(f"rank {st.rank}: no process group: calibrate times collectives on it")
+    return _calibrate(options, spec)
 
 
 def checked_spec(spec: ModelSpec) -> ModelSpec:

@@ -1,6 +1,7 @@
 """Pure functions from records to plotly Figures, and an HTML report of them.
 
-Owns how training, memory, communication, expert routing, pipeline (measured and simulated), sharding and inference
+Owns how training, memory, communication, expert routing, pipeline (measured and simulated), sharding, predicted
+step times of plans (ranked, and against the measured steps) and inference
 (decoding steps, served requests, quantization) records are drawn. Knows nothing
 of torch, ipyparallel or ipywidgets: it is testable without a kernel, and the widgets and the CLI
 call it with whatever records they hold. Every figure has an empty state ("no data yet: train a step"),
@@ -14,6 +15,7 @@ from .experts import (expert_load, expert_load_figure, expert_load_over_steps_fi
 from .memory import memory_figure
 from .mesh import MeshGrid, comm_links, mesh_figure, mesh_grid
 from .pipeline import bubble_fractions, pipeline_figure
+from .plans import plans_figure, predicted_vs_measured_figure, step_times
 from .report import figures_from_records, write_report
 from .ring import ring_rounds, ring_rounds_figure
 from .schedule import schedule_figure
@@ -33,4 +35,5 @@ __all__ = [
     "expert_load", "expert_load_figure", "imbalance", "tokens_moved", "tokens_moved_figure",
     "expert_load_over_steps_figure", "schedule_figure",
     "ring_rounds", "ring_rounds_figure",
+    "plans_figure", "predicted_vs_measured_figure", "step_times",
 ]

@@ -39,6 +39,13 @@ class RanksChanged:
 
 
 @dataclass(frozen=True)
+class PlanPicked:
+    """A section other than the Plan section applied `plan` (the Which plan? page): the pickers show it."""
+
+    plan: Any
+
+
+@dataclass(frozen=True)
 class StepDone:
     """A training step's records arrived while the job runs."""
 
@@ -60,5 +67,5 @@ class DryRunChanged:
     """The dry-run switch flipped, or a new dry run is kept."""
 
 
-Event = SessionChosen | RanksChanged | StepDone | JobStarted | JobEnded | DryRunChanged
+Event = SessionChosen | RanksChanged | PlanPicked | StepDone | JobStarted | JobEnded | DryRunChanged
 Emit = Callable[[Event], None]

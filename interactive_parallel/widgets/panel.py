@@ -2,7 +2,7 @@
 
 Owns the composition of the sections (the controls, Cluster, Plan, Run and Serve, in one column of
 ipywidgets' AppLayout; the Views tab of live figures beside them, so the figures stay in view
-while the buttons are pressed), what they share (the one error area and its action runner, the
+while the buttons are pressed; the Which plan? page is one of its tabs), what they share (the one error area and its action runner, the
 job runner, the prompts and sampling controls), which session the panel drives (its Cluster
 section may start, attach to or stop one), and the busy/idle state that decides which controls
 are enabled. It is the only module that knows the sections: each gets getters and shared objects
@@ -18,7 +18,7 @@ import ipywidgets as W
 
 from ._common import Actions, SessionRef, css
 from .cluster import ClusterSection
-from .events import DryRunChanged, Event, JobEnded, JobStarted, RanksChanged, SessionChosen, StepDone
+from .events import DryRunChanged, Event, JobEnded, JobStarted, PlanPicked, RanksChanged, SessionChosen, StepDone
 from .fit import FitFigures
 from .jobs import Job, JobRunner
 from .planner import PlanSection
@@ -27,6 +27,7 @@ from .run import RunSection
 from .sampling import Sampling
 from .serve import ServeSection
 from .views import ViewsSection
+from .whichplan import WhichPlanSection
 
 CONTROLS_WIDTH = "500px"
 """The controls' column; the figures take the rest of the width."""
@@ -55,7 +56,9 @@ class Panel(W.VBox):
                                         lambda: self.views.shown_layout(), emit)
         self.run_section = RunSection(current, self.actions, self.jobs, self.sampling, self.plan_section.plan, emit)
         self.serve_section = ServeSection(current, self.actions, self.jobs, self.sampling, emit)
-        self.views = ViewsSection(current, self.actions, lambda: self.jobs.running, self.plan_section.dry.current)
+        self.which_plan = WhichPlanSection(current, self.actions, self.plan_section.plan, emit)
+        self.views = ViewsSection(current, self.actions, lambda: self.jobs.running, self.plan_section.dry.current,
+                                  self.which_plan)
         self.cluster.ranks.observe(lambda _c: self.plan_section.revalidate(), names="value")
         self.cluster.device.observe(lambda _c: self.plan_section.revalidate(), names="value")
         sections = [self.cluster.widget, self.plan_section.widget, self.run_section.widget,
@@ -95,6 +98,7 @@ class Panel(W.VBox):
         """Drive `session` from now on (None: none); the pickers take its plan."""
         self.session = session
         self.views.forget()
+        self.which_plan.forget()
         if self.alive and session.plan is not None:
             self.plan_section.show(session.plan)
         self.sync()
@@ -104,7 +108,7 @@ class Panel(W.VBox):
         """Each control's enabled state from what is true now."""
         alive, busy = self.alive, bool(self.jobs.activity)
         for part in (self.cluster, self.plan_section, self.jobs, self.sampling, self.run_section,
-                     self.serve_section, self.views):
+                     self.serve_section, self.views, self.which_plan):
             part.sync(alive, busy)
 
     def redraw(self) -> None:
@@ -126,6 +130,9 @@ class Panel(W.VBox):
                 self.sync()
                 self.redraw()
             case RanksChanged():
+                self.redraw()
+            case PlanPicked(plan=plan):
+                self.plan_section.show(plan)
                 self.redraw()
             case DryRunChanged():
                 self.plan_section.revalidate()

@@ -1,5 +1,5 @@
 """The panel's views: a Tab of live figures (loss, memory, communication, layout, pipeline,
-decoding, requests, quantization, experts).
+decoding, requests, quantization, experts) and the "Which plan?" page (plans).
 
 Owns one FigureWidget per figure, built once and refreshed in place from the pure viz/
 functions, and when each is redrawn. Loss, memory, communication, pipeline and experts (a
@@ -13,7 +13,9 @@ per rank, compute and communication per step), requests (timeline, latency) and 
 come from the latest generate / serve / quantize call the Session kept (`decoding()`,
 `served()`, `quantized()`: local reads), redrawn when such a call ends. In the Plan section's
 dry-run mode, with a dry run kept, memory, communication and layout draw the dry run's records
-instead (widgets/dryview.py), labelled so, with or without a session. Whether the ranks are
+instead (widgets/dryview.py), labelled so, with or without a session. The plans page is the
+page it is given (widgets/whichplan.py: its controls, table and figures), redrawn as the others
+are: when opened, and as steps arrive while it is open. Whether the ranks are
 busy and which dry run is kept come from getters it is given. Tab labels are short and each tab
 as wide as its label, and no figure is laid out narrower than a title line fits
 (viz.TITLE_FITS_PX), so labels and titles are never cut. Knows nothing of how records are
@@ -37,12 +39,13 @@ from ._common import Actions, SessionRef, button, css, describe_error, figure_wi
 from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
 
-TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization", "experts")
+TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization", "experts",
+        "plans")
 """Each tab's name (its page's and message's CSS classes: ip-view-<name>, ip-<name>-message)."""
 TAB_TITLES = {"communication": "comms", "quantization": "quantized"}
 """Labels shorter than the name where the name is long; the others show their name."""
 TAB_CHARS = 9
-"""The longest label: nine labels this short side by side fit the views' column."""
+"""The longest label: labels this short side by side fit the views' column (the bar scrolls past it)."""
 DRY_TABS = ("memory", "communication", "layout")
 """The tabs that draw a dry run's records in dry-run mode."""
 LIVE_INTERVAL_S = 0.5
@@ -66,8 +69,10 @@ def dry_labelled(figure: go.Figure) -> go.Figure:
 class ViewsSection:
     """The Tab of figures and the rules for when each is redrawn."""
 
-    def __init__(self, session: SessionRef, actions: Actions, busy: Callable[[], bool], dry: Callable[[], Any]):
-        self.session, self.busy, self._dry = session, busy, dry
+    def __init__(self, session: SessionRef, actions: Actions, busy: Callable[[], bool], dry: Callable[[], Any],
+                 plans: Any):
+        """`plans`: the Which plan? page (widgets/whichplan.py's WhichPlanSection: `widget`, `figures`, `draw()`)."""
+        self.session, self.busy, self._dry, self.plans = session, busy, dry, plans
         self._drawing = threading.RLock()
         """Held while a figure is redrawn: outside a kernel the job's steps arrive on its thread
         while a tab opens on this one, and two redraws of one figure at once would both add its traces."""
@@ -92,6 +97,7 @@ class ViewsSection:
         (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
          self.pipeline, self.tokens_per_step, self.kv_memory, self.step_split, self.request_timeline, self.latency,
          self.quantization, self.expert_load, self.tokens_moved) = self.figures.values()
+        self.figures.update(plans.figures)
         self.messages = {t: css(W.HTML(), f"ip-{t}-message") for t in TABS}
         self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="100%")),
                          "ip-layout-param")
@@ -112,6 +118,7 @@ class ViewsSection:
             "decoding": [self.tokens_per_step, self.kv_memory, self.step_split],
             "requests": [self.request_timeline, self.latency],
             "quantization": [self.quantization],
+            "plans": [plans.widget],
         }
         self.pages = {t: css(W.VBox([self.messages[t], *pages[t]]), f"ip-view-{t}") for t in TABS}
         self.tab = css(W.Tab(children=[self.pages[t] for t in TABS], titles=[tab_title(t) for t in TABS]), "ip-views")
@@ -266,6 +273,9 @@ class ViewsSection:
         if served is None:
             return note("no requests yet: Serve")
         return note(f"{served.engine} engine ({served.reason}), policy {served.policy}, plan {served.plan}")
+
+    def _draw_plans(self, force: bool = False) -> str:
+        return self.plans.draw()
 
     def _draw_quantization(self, force: bool = False) -> str:
         records = list(self.session().quantized())

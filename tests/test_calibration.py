@@ -1,0 +1,173 @@
+"""Calibration: the fit recovers the figures samples were made from (the slowest rank's), refuses
+incomplete samples by name; the options follow the model's shapes; on a live session the
+ranks measure a profile the step-time model accepts, and the ranks work on afterwards."""
+from __future__ import annotations
+
+import pytest
+
+from interactive_parallel.plan import PRESETS, Plan
+from interactive_parallel.plan.calibration import (CalibrationError, bus_factor, calibrate_options, fit_line,
+                                                   fit_profile, linear_shapes, micro_tokens)
+from interactive_parallel.plan.hardware import get_profile, profile_problems
+from interactive_parallel.records import HostMemory
+from interactive_parallel.records.calibration import (OVERLAP_BOTH, OVERLAP_COLLECTIVE, OVERLAP_MATMUL,
+                                                      CalibrateOptions)
+from interactive_parallel.records.hardware import CalibrationSample
+
+RANKS = 4
+MM = {"fp32": (50e-6, 2e10), "bf16": (80e-6, 5e9)}  # precision -> (matmul + op fixed cost, FLOP/s)
+OP = (20e-6, 5e9)  # (op_overhead_s, memory bandwidth)
+LINKS = {("all_reduce", 2): (2e-3, 4e8), ("all_reduce", 4): (6e-3, 3e8), ("all_gather", 4): (4e-3, 2e8),
+         ("send", 2): (1e-3, 1e9)}
+OVERLAP = (10e-3, 8e-3, 14e-3)  # burst, all_reduce, both: 4 ms of 8 hidden -> 0.5
+
+
+def _samples(slow_rank: int = 3, fast: float = 0.8) -> list[CalibrationSample]:
+    """Every rank's samples made from the figures above; the ranks but `slow_rank` take `fast` of the time."""
+    out = []
+    for rank in range(RANKS):
+        k = 1.0 if rank == slow_rank else fast
+
+        def add(**kw):
+            out.append(CalibrationSample(rank=rank, seconds=kw.pop("t") * k, **kw))
+
+        for precision, (a, rate) in MM.items():
+            for flops in (1e5, 1e6, 1e7, 1e8):
+                add(what="matmul", name=f"mm {flops} {precision}", t=a + flops / rate, flops=int(flops),
+                    precision=precision)
+        for nbytes in (3e3, 3e4, 3e5, 3e6):
+            add(what="op", name=f"add {nbytes}", t=OP[0] + nbytes / OP[1], bytes=int(nbytes))
+        for (op, n), (lat, bw) in LINKS.items():
+            for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 21):
+                add(what="collective", name=f"{op} g{n} {nbytes}", t=lat + nbytes * bus_factor(op, n) / bw,
+                    bytes=nbytes, op=op, size=n)
+        for op, t in zip((OVERLAP_MATMUL, OVERLAP_COLLECTIVE, OVERLAP_BOTH), OVERLAP):
+            add(what="collective", name=op, t=t, op=op, size=RANKS, bytes=1 << 21)
+    return out
+
+
+def _close(got: float, want: float) -> bool:
+    return abs(got - want) <= 0.01 * abs(want)
+
+
+@pytest.mark.pure
+def test_fit_recovers_the_figures_of_the_slowest_rank():
+    memory = [HostMemory(rank=r, host="h", available=8 << 30) for r in range(RANKS)]
+    p = fit_profile(_samples(slow_rank=2), get_profile("cpu"), host_memory=memory, device="cpu", cores_per_host=2)
+    assert _close(p.op_overhead_s, OP[0]) and _close(p.memory_bandwidth, OP[1])
+    for precision, (a, rate) in MM.items():
+        assert _close(p.flops[precision], rate)
+    assert _close(p.matmul_overhead_s, MM["fp32"][0] - OP[0])
+    for (op, n), (lat, bw) in LINKS.items():
+        link = p.link("intra", op, n)
+        assert (link.op, link.size) == (op, n) and _close(link.latency_s, lat) and _close(link.bandwidth, bw)
+    recv = p.link("intra", "recv", 2)
+    assert recv.op == "recv" and _close(recv.bandwidth, LINKS[("send", 2)][1])
+    assert _close(p.overlap, 0.5)
+    # What calibration does not measure comes from the base; the rest from the hosts.
+    assert p.flops["fp16"] == get_profile("cpu").flops["fp16"] and p.peak_flops == get_profile("cpu").peak_flops
+    assert (p.memory_bytes, p.devices_per_host, p.cores_per_host, p.device) == ((8 << 30) // RANKS, RANKS, 2, "cpu")
+    assert "4 ranks" in p.source and profile_problems(p) == []
+    assert {x.op for x in p.links if x.link == "intra"} >= {"*", "all_reduce", "all_gather", "send", "recv"}
+
+
+@pytest.mark.pure
+def test_the_slowest_rank_is_taken_per_sample():
+    samples = _samples(slow_rank=0, fast=0.5)
+    slow = fit_profile(samples)
+    fast = fit_profile([s for s in samples if s.rank != 0])  # ranks 1-3 at half the time
+    assert _close(slow.flops["fp32"], MM["fp32"][1]) and _close(fast.flops["fp32"], 2 * MM["fp32"][1])
+    assert _close(slow.link("intra", "all_reduce", 4).latency_s, 2 * fast.link("intra", "all_reduce", 4).latency_s)
+
+
+@pytest.mark.pure
+def test_missing_samples_are_refused_by_name():
+    with pytest.raises(CalibrationError, match="no calibration samples"):
+        fit_profile([])
+    samples = _samples()
+    for what, word in (("op", "op"), ("matmul", "matmul"), ("collective", "collective")):
+        with pytest.raises(CalibrationError, match=f"no {word}"):
+            fit_profile([s for s in samples if s.what != what])
+    lacking = [s for s in samples if not (s.rank == 2 and s.name == "add 3000.0")]
+    with pytest.raises(CalibrationError, match=r"'add 3000.0' lacks rank\(s\) \[2\]"):
+        fit_profile(lacking)
+    with pytest.raises(CalibrationError, match="overlap"):
+        fit_profile([s for s in samples if s.op != OVERLAP_BOTH])
+
+
+@pytest.mark.pure
+def test_fit_line_keeps_costs_positive():
+    assert fit_line([(1.0, 2.0), (2.0, 3.0)]) == pytest.approx((1.0, 1.0))
+    a, rate = fit_line([(1.0, 0.5), (10.0, 11.0)])  # a negative intercept: through the origin
+    assert a == 0.0 and rate > 0
+    a, rate = fit_line([(1.0, 3.0), (10.0, 2.0)])  # falling with x: noise, kept positive
+    assert a == 2.0 and rate == 5.0
+
+
+@pytest.mark.pure
+def test_options_follow_the_model_and_refuse_before_any_rank():
+    spec = PRESETS["tiny-llama"]
+    shapes = linear_shapes(spec, 4)
+    h, inter, vocab = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    for want in [(h, inter), (h, inter // 4), (inter // 2, h), (h, vocab), (h, vocab // 4)]:
+        assert want in shapes
+    assert linear_shapes(spec, 1) == ((h, h), (h, inter), (inter, h), (h, vocab))  # q, kv, o coincide here
+    assert len(set(shapes)) == len(shapes)
+    assert micro_tokens(Plan(dp=4), 4) == (128, 512)  # batch 8 x 64 tokens: per rank under dp4, whole under tp4
+    options = calibrate_options(spec, 4, precisions=["fp32"])
+    assert options.burst == (512, h, inter) and options.precisions == ("fp32",)
+    assert CalibrateOptions.from_dict(options.to_dict()) == options
+    with pytest.raises(CalibrationError, match="fp16.*CUDA only"):
+        calibrate_options(spec, 4, precisions=["fp32", "fp16"])
+    with pytest.raises(CalibrationError, match=r"repeats\(0\)"):
+        calibrate_options(spec, 4, repeats=0)
+    with pytest.raises(CalibrationError, match="at least 2 ranks"):
+        calibrate_options(spec, 1)
+
+
+@pytest.mark.rank1
+def test_the_chain_has_the_operations_it_is_divided_by():
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from interactive_parallel.runtime.calibrate import chain_ops, elementwise_chain, layouts
+
+    class Count(TorchDispatchMode):
+        ops = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.ops += 1
+            return func(*args, **(kwargs or {}))
+
+    chain = elementwise_chain(64, torch.device("cpu"))
+    with Count():
+        chain()
+    assert Count.ops == chain_ops()
+    assert layouts(4, 2) == [("consecutive", [[0, 1], [2, 3]]), ("strided", [[0, 2], [1, 3]])]
+    assert layouts(4, 4) == [("consecutive", [[0, 1, 2, 3]])]
+
+
+@pytest.mark.session
+def test_live_calibration(session4):
+    from interactive_parallel.cluster.calibration import calibrate
+    from interactive_parallel.cluster.errors import SessionError
+    from interactive_parallel.cluster.twins import run_sync
+
+    s = session4
+    assert s.spec is None
+    with pytest.raises(SessionError, match="no model loaded"):
+        run_sync(calibrate(s.ranks, s.spec, s.plan))
+    s.load_model("tiny-llama")
+    p = run_sync(calibrate(s.ranks, s.spec, s.plan))
+    assert profile_problems(p) == []
+    assert p.flops["fp32"] > 1e8 and p.flops["bf16"] > 0 and p.memory_bandwidth > 0 and p.op_overhead_s > 0
+    for op, n in (("all_reduce", 2), ("all_reduce", 4), ("all_gather", 2), ("all_gather", 4),
+                  ("reduce_scatter", 4), ("send", 2)):
+        link = p.link("intra", op, n)
+        assert (link.link, link.op, link.size) == ("intra", op, n)
+        assert link.latency_s > 0 and link.bandwidth > 0
+    assert not [x for x in p.links if x.link == "inter" and x.op != "*"]  # one host: nothing measured across
+    assert 0.0 <= p.overlap <= 1.0 and p.device == "cpu" and p.devices_per_host == 4 and p.memory_bytes > 0
+    assert "on 4 ranks" in p.source
+    # The calibration's groups are gone and the world group still works.
+    assert all(row.all_reduce_ok for row in s.doctor())

@@ -1,0 +1,92 @@
+"""The step-time model against the live ranks: Session.calibrate, then predicted against measured
+step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, cp and their
+pairs), small-llama and tiny-llama, probes off. One live session for the module.
+
+The bound: predicted within a factor of BOUND = 2.5 of the measured median on every plan, both
+models. The 25 % the model aims at holds for small-llama on a quiet machine only (see the
+README's table: bench/bench_steptime.py); this test is there to catch a model that is wrong in
+kind (a term missing, a unit off), on a machine whose load moves medians by tens of percent.
+A plan outside its bound is measured once more, and if any stays outside the ranks are calibrated
+again and those plans measured a third time before the test fails (a shared machine's load moves
+a median, and a calibration, by tens of percent); the ratio is asserted, never a wall-clock figure.
+"""
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from interactive_parallel import Plan
+from interactive_parallel.records import HardwareProfile, StepPrediction
+
+pytestmark = pytest.mark.session
+
+PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "tp4": dict(tp=4), "pp4": dict(pp=4),
+         "dp2xtp2": dict(dp=2, tp=2), "fsdp2xtp2": dict(fsdp=2, tp=2), "dp2xfsdp2": dict(dp=2, fsdp=2),
+         "pp2xtp2": dict(pp=2, tp=2), "pp2xdp2": dict(pp=2, dp=2), "cp2xdp2": dict(cp=2, dp=2),
+         "cp2xtp2": dict(cp=2, tp=2)}
+BATCH = dict(batch_size=8, seq_len=64)
+BOUND = 2.5
+WARMUP, STEPS = 2, 5
+
+
+def _outside(gap: float) -> bool:
+    return not 1 / BOUND <= 1 + gap <= BOUND
+
+
+def _measured(s, plan: Plan) -> float:
+    s.apply(plan)
+    s.train(steps=WARMUP, snapshot_every=0)
+    per_step: dict[int, float] = {}
+    for r in s.train(steps=STEPS, snapshot_every=0):
+        per_step[r.step] = max(per_step.get(r.step, 0.0), r.time_s)
+    return statistics.median(per_step.values())
+
+
+@pytest.mark.parametrize("model", ["small-llama", "tiny-llama"])
+def test_the_calibrated_model_predicts_every_parity_plan(session4, model):
+    s = session4
+    s.set_probes(False)
+    try:
+        s.load_model(model)
+        s.apply(Plan(dp=4, **BATCH))
+        profile = s.calibrate()
+        assert isinstance(profile, HardwareProfile) and s.calibrated is profile and profile.step_overhead_s >= 0
+        gaps = {}
+        for name, kw in PLANS.items():
+            plan = Plan(**kw, **BATCH)
+            predicted = s.predict_step(plan)
+            assert isinstance(predicted, StepPrediction) and predicted.profile == profile.name
+            measured = _measured(s, plan)
+            if _outside(predicted.seconds / measured - 1):
+                measured = _measured(s, plan)  # once more: a shared machine's load moves a median
+            gaps[name] = predicted.seconds / measured - 1
+        if any(_outside(g) for g in gaps.values()):
+            # a calibration taken while the machine was busy elsewhere skews one link's fit: once more
+            s.calibrate()
+            for name in [n for n, g in gaps.items() if _outside(g)]:
+                plan = Plan(**PLANS[name], **BATCH)
+                gaps[name] = s.predict_step(plan).seconds / _measured(s, plan) - 1
+        outside = {n: f"{g:+.0%}" for n, g in gaps.items() if _outside(g)}
+        assert not outside, f"{model}: predicted vs measured outside a factor {BOUND}: {outside} (all: " \
+                            f"{ {n: f'{g:+.0%}' for n, g in gaps.items()} })"
+        # the applied plan's prediction carries the measured median beside it
+        applied = s.predict_step()
+        assert applied.measured_s is not None and applied.measured_s > 0
+    finally:
+        s.set_probes(True)
+
+
+def test_search_from_the_session_uses_its_model_and_rank_count(session4):
+    s = session4
+    s.load_model("tiny-llama")
+    rows = s.search_plans(top=5)
+    assert 0 < len(rows) <= 5 and all(Plan.from_dict(r.plan_fields).world_size == 4 for r in rows)
+    best = Plan.from_dict(rows[0].plan_fields)
+    s.apply(best)
+    s.train(steps=1, snapshot_every=0)
+    dry = s.dry_run(best)
+    predicted = {m.rank: m.params + m.grads + m.optimizer for m in s.predict_memory(best)}
+    assert {m.rank: m.params + m.grads + m.optimizer for m in dry.memory()} == predicted
+    wider = s.search_plans("h100", world=64, batch_size=64, seq_len=256, top=3)
+    assert all(Plan.from_dict(r.plan_fields).world_size == 64 for r in wider)
