@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .axes import MeshAxis, mesh_coords
-from .inventory import _spec_key, local_tensors
+from .inventory import Memo, local_tensors, spec_key
 from .models import ModelSpec
 from .pipeline_order import zero_bubble_ops
 from .plan import Plan
@@ -93,16 +93,12 @@ class Parts:
 
 def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """One decoder block, one micro-batch of `rows` sequences on this rank."""
-    key = (_spec_key(spec), rows, plan.tp, plan.cp, plan.cp_method, plan.seq_len, plan.sequence_parallel,
+    key = (spec_key(spec), rows, plan.tp, plan.cp, plan.cp_method, plan.seq_len, plan.sequence_parallel,
            plan.precision, plan.loss_parallel, plan.ep)
-    if key not in _LAYER:
-        if len(_LAYER) > 4096:
-            _LAYER.clear()
-        _LAYER[key] = _layer_parts(spec, plan, rows)
-    return _LAYER[key]
+    return _LAYER.get_or_make(key, lambda: _layer_parts(spec, plan, rows))
 
 
-_LAYER: dict[tuple, Parts] = {}
+_LAYER = Memo(4096)
 
 
 def _layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from ..records import CommEstimate, MemoryRecord
 from .activations import INT64, micro_rows, predict_activations
 from .axes import MeshAxis, mesh_coords
-from .inventory import ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
+from .inventory import Memo, ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
 from .plan import Plan
 
@@ -43,15 +43,10 @@ def predict_memory(spec: ModelSpec, plan: Plan, ranks: list[int] | None = None) 
 def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
     """(held bytes, storage bytes) per FSDP / replicate unit of `rank`: each decoder layer, then the rest
     (under ep without the expert weights, which neither FSDP nor replicate holds)."""
-    key = cut_key(spec, plan, rank)
-    if key not in _UNITS:
-        if len(_UNITS) > 20000:
-            _UNITS.clear()
-        _UNITS[key] = _units(spec, plan, rank)
-    return _UNITS[key]
+    return _UNITS.get_or_make(cut_key(spec, plan, rank), lambda: _units(spec, plan, rank))
 
 
-_UNITS: dict[tuple, list[tuple[int, int]]] = {}
+_UNITS = Memo(20000)
 
 
 def _units(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:

@@ -27,7 +27,7 @@ from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
 from .plan import Plan
 
-__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "cut_key"]
+__all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "cut_key", "spec_key", "Memo"]
 
 
 @dataclass(frozen=True)
@@ -88,15 +88,27 @@ def _norm_params(spec: ModelSpec, paths) -> list[tuple[str, tuple[int, ...], Non
 
 def param_inventory(spec: ModelSpec) -> list[ParamInfo]:
     """Every trainable tensor of the model once (a tied head is the embedding, not listed twice)."""
-    key = _spec_key(spec)
-    if key not in _INVENTORY:
-        if len(_INVENTORY) > 64:
-            _INVENTORY.clear()
-        _INVENTORY[key] = tuple(_inventory(spec))
-    return list(_INVENTORY[key])
+    return list(_INVENTORY.get_or_make(spec_key(spec), lambda: tuple(_inventory(spec))))
 
 
-_INVENTORY: dict[tuple, tuple] = {}
+class Memo(dict):
+    """Results kept by key and forgotten all at once past `limit` entries: a plan search asks for
+    the same inventory cut, unit bytes or schedule order under many knobs, and a long session
+    must not keep every model it ever looked at."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get_or_make(self, key, make):
+        if key not in self:
+            if len(self) >= self.limit:
+                self.clear()
+            self[key] = make()
+        return self[key]
+
+
+_INVENTORY = Memo(64)
 
 
 def _inventory(spec: ModelSpec) -> list[ParamInfo]:
@@ -151,14 +163,8 @@ def local_tensors(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[ParamInf
     (model, what decides the cut, the rank's coordinates): a plan search asks for the same cut
     under many schedules and knobs.
     """
-    key = cut_key(spec, plan, rank)
-    hit = _CUT.get(key)
-    if hit is None:
-        if len(_CUT) > 20000:
-            _CUT.clear()
-        coords = mesh_coords(rank, plan.mesh_shape)
-        hit = _CUT[key] = _cut(spec, plan, coords, *shard_group(plan, coords))
-    return list(hit)
+    coords = mesh_coords(rank, plan.mesh_shape)
+    return list(_CUT.get_or_make(cut_key(spec, plan, rank), lambda: _cut(spec, plan, coords, *shard_group(plan, coords))))
 
 
 def cut_key(spec: ModelSpec, plan: Plan, rank: int) -> tuple:
@@ -166,14 +172,14 @@ def cut_key(spec: ModelSpec, plan: Plan, rank: int) -> tuple:
     coords = mesh_coords(rank, plan.mesh_shape)
     f_size, f_index = shard_group(plan, coords)
     stages = tuple(plan.stage_ids(coords[MeshAxis.PP])) if plan.pp > 1 else ()
-    return (_spec_key(spec), plan.tp, coords[MeshAxis.TP], f_size, f_index, plan.ep, plan.loss_parallel, stages,
+    return (spec_key(spec), plan.tp, coords[MeshAxis.TP], f_size, f_index, plan.ep, plan.loss_parallel, stages,
             tuple(plan.layer_counts(spec.num_layers)) if plan.pp > 1 else (), plan.n_stages if plan.pp > 1 else 1)
 
 
-_CUT: dict[tuple, tuple] = {}
+_CUT = Memo(20000)
 
 
-def _spec_key(spec: ModelSpec) -> tuple:
+def spec_key(spec: ModelSpec) -> tuple:
     """A hashable stand-in for the model (its config as text), worked out once per spec object."""
     held = _KEYS.get(id(spec))
     if held is None or held[0] is not spec:

@@ -30,7 +30,7 @@ from ..records import CommEstimate, HardwareProfile, StepPrediction
 from .activations import layer_parts, micro_rows, schedule_order
 from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
 from .estimate import predict_comms, predict_memory
-from .inventory import _spec_key, local_tensors, param_inventory
+from .inventory import Memo, local_tensors, param_inventory, spec_key
 from .models import ModelSpec
 from .plan import Plan
 
@@ -104,15 +104,10 @@ def block_work(spec: ModelSpec, plan: Plan) -> tuple[float, float, int]:
     forward), from the parameter inventory cut by tp: a linear of E elements costs 2 E per token;
     a token meets experts_per_token of the stacked experts (its tp rank routes 1/tp of the tokens);
     causal attention costs 2 x seq x the rank's query width (half of QK^T and AV's 4 seq width)."""
-    key = (_spec_key(spec), plan.tp, plan.loss_parallel, plan.seq_len)
-    if key not in _WORK:
-        if len(_WORK) > 4096:
-            _WORK.clear()
-        _WORK[key] = _block_work(spec, plan)
-    return _WORK[key]
+    return _WORK.get_or_make((spec_key(spec), plan.tp, plan.loss_parallel, plan.seq_len), lambda: _block_work(spec, plan))
 
 
-_WORK: dict[tuple, tuple[float, float, int]] = {}
+_WORK = Memo(4096)
 
 
 def _block_work(spec: ModelSpec, plan: Plan) -> tuple[float, float, int]:
@@ -171,15 +166,11 @@ def stage_costs(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
 
 def _orders(plan: Plan) -> dict[int, list[tuple[str, int, int]]]:
     """Pipeline rank -> its (action, stage, microbatch) in the schedule's order."""
-    key = (plan.pp, plan.pp_schedule, plan.n_microbatches, plan.virtual_stages)
-    if key not in _ORDERS:
-        if len(_ORDERS) > 1024:
-            _ORDERS.clear()
-        _ORDERS[key] = _replayed(plan)
-    return _ORDERS[key]
+    return _ORDERS.get_or_make((plan.pp, plan.pp_schedule, plan.n_microbatches, plan.virtual_stages),
+                               lambda: _replayed(plan))
 
 
-_ORDERS: dict[tuple, dict[int, list[tuple[str, int, int]]]] = {}
+_ORDERS = Memo(1024)
 
 
 def _replayed(plan: Plan) -> dict[int, list[tuple[str, int, int]]]:
