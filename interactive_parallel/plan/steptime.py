@@ -7,8 +7,8 @@ plus the fixed cost of every operation and the bytes elementwise work and the op
 stream), communication (every collective plan.estimate.predict_comms lists: latency x count
 + bytes x the collective's ring factor / the link's bandwidth, the link chosen per mesh axis
 by whether its group spans hosts), the pipeline bubble (the schedule's own order of forwards,
-backwards and weight halves, plan.activations.schedule_order, replayed with each action's
-duration and the point-to-point transfer between stages), and what overlaps what (DDP's
+backwards and weight halves replayed by plan.pipeline_time with each action's duration and
+the point-to-point transfer between stages), and what overlaps what (DDP's
 buckets with backward, FSDP2's prefetch, to the profile's `overlap`). Tensor, context and
 expert parallel collectives sit inside the forwards and backwards that wait for them.
 
@@ -23,15 +23,14 @@ weights, kernel fusion by torch.compile. Pure Python: knows no torch.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Callable
 
 from ..records import CommEstimate, HardwareProfile, StepPrediction
-from .activations import layer_parts, micro_rows, schedule_order
+from .activations import layer_parts, micro_rows
 from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
 from .estimate import predict_comms, predict_memory
 from .inventory import Memo, local_tensors, param_inventory, spec_key
 from .models import ModelSpec
+from .pipeline_time import ActionCost, core_speed, simulate
 from .plan import Plan
 
 BLOCK_OPS = (77, 142)
@@ -56,18 +55,6 @@ IN_ACTION = ("tp", "cp", "ep")
 """Axes whose collectives sit inside a forward or backward (the step waits for them there)."""
 FP32 = 4
 
-
-@dataclass(frozen=True)
-class ActionCost:
-    """Seconds of one microbatch's forward, backward and (zero-bubble) weight half on one stage."""
-
-    f: float
-    b: float
-    w: float = 0.0
-    fc: float = 0.0
-    """Of f, the seconds its tensor / context / expert collectives take (no faster for idle peers)."""
-    bc: float = 0.0
-    """Of b, the same."""
 
 
 def axis_span(plan: Plan, axis: str) -> tuple[int, int]:
@@ -162,137 +149,6 @@ def stage_costs(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
         out.append(ActionCost(f, b / 2, b / 2, share / 2, share / 2) if plan.zero_bubble
                    else ActionCost(f, b, 0.0, share / 2, share / 2))
     return out
-
-
-def _orders(plan: Plan) -> dict[int, list[tuple[str, int, int]]]:
-    """Pipeline rank -> its (action, stage, microbatch) in the schedule's order."""
-    return _ORDERS.get_or_make((plan.pp, plan.pp_schedule, plan.n_microbatches, plan.virtual_stages),
-                               lambda: _replayed(plan))
-
-
-_ORDERS = Memo(1024)
-
-
-def _replayed(plan: Plan) -> dict[int, list[tuple[str, int, int]]]:
-    orders = {}
-    for r in range(plan.pp):
-        seen: dict[tuple[str, int], int] = {}
-        acts = []
-        for action, local in schedule_order(plan, r):
-            stage = plan.stage_ids(r)[local]
-            mb = seen.get((action, stage), 0)
-            seen[(action, stage)] = mb + 1
-            acts.append((action, stage, mb))
-        orders[r] = acts
-    return orders
-
-
-def _needs(action: str, stage: int, mb: int, last: int) -> tuple[str, int, int] | None:
-    """The action whose output this one waits for (None: the step's input)."""
-    if action == "F":
-        return ("F", stage - 1, mb) if stage > 0 else None
-    if action == "B":
-        return ("B", stage + 1, mb) if stage < last else ("F", stage, mb)
-    return ("B", stage, mb)
-
-
-def simulate(plan: Plan, costs: list[ActionCost], p2p_s: float,
-             speed: Callable[[int], float] | None = None) -> tuple[float, dict[int, float]]:
-    """(seconds of one pass of the pipeline schedule, pipeline rank -> seconds it computes).
-
-    Each rank runs its actions in the schedule's order; an action starts once its rank is free
-    and its input has arrived (a forward after the previous stage's forward of its microbatch, a
-    backward after the next stage's, `p2p_s` later when another rank sent it). `speed(k)`: how
-    fast an action runs while k ranks of the pipeline compute at once, relative to its cost (on
-    a CPU whose ranks share cores, idle ranks leave theirs to the busy ones); None: always 1."""
-    if speed is not None:
-        return _shared_cores(plan, costs, p2p_s, speed)
-    orders, last = _orders(plan), plan.n_stages - 1
-    owner = [plan.stage_owner(s) for s in range(plan.n_stages)]
-    done: dict[tuple[str, int, int], float] = {}
-    free = {r: 0.0 for r in orders}
-    busy = {r: 0.0 for r in orders}
-    nxt = {r: 0 for r in orders}
-    left = sum(len(a) for a in orders.values())
-    while left:
-        moved = False
-        for r, acts in orders.items():
-            while nxt[r] < len(acts):
-                key = acts[nxt[r]]
-                dep = _needs(*key, last)
-                if dep is not None and dep not in done:
-                    break
-                ready = 0.0 if dep is None else done[dep] + (p2p_s if owner[dep[1]] != r else 0.0)
-                c = costs[key[1]]
-                took = c.f if key[0] == "F" else c.b if key[0] == "B" else c.w
-                free[r] = done[key] = max(free[r], ready) + took
-                busy[r] += took
-                nxt[r] += 1
-                left -= 1
-                moved = True
-        if not moved:
-            raise RuntimeError(f"the {plan.pp_schedule} order of {plan.describe()} waits on itself")
-    return max(free.values()), busy
-
-
-def _shared_cores(plan: Plan, costs: list[ActionCost], p2p_s: float,
-                  speed: Callable[[int], float]) -> tuple[float, dict[int, float]]:
-    """simulate's replay in time: each running action computes at speed(ranks computing), then
-    waits for its collectives at their own pace (a collective is no faster for idle peers)."""
-    orders, last = _orders(plan), plan.n_stages - 1
-    parts = {"F": lambda c: (c.f - c.fc, c.fc), "B": lambda c: (c.b - c.bc, c.bc), "W": lambda c: (c.w, 0.0)}
-    done: dict[tuple[str, int, int], float] = {}
-    nxt = {r: 0 for r in orders}
-    running: dict[int, list] = {}  # rank -> [key, compute left, collectives left]
-    active = {r: 0.0 for r in orders}
-    t = 0.0
-    while any(nxt[r] < len(a) for r, a in orders.items()) or running:
-        arrivals = []
-        for r, acts in orders.items():
-            if r in running or nxt[r] >= len(acts):
-                continue
-            key = acts[nxt[r]]
-            dep = _needs(*key, last)
-            ready = 0.0 if dep is None else done.get(dep, math.inf)
-            if dep is not None and ready < math.inf and plan.stage_owner(dep[1]) != r:
-                ready += p2p_s
-            if ready <= t + 1e-12:
-                running[r] = [key, *parts[key[0]](costs[key[1]])]
-                nxt[r] += 1
-            elif ready < math.inf:
-                arrivals.append(ready)
-        if not running:
-            if not arrivals:
-                raise RuntimeError(f"the {plan.pp_schedule} order of {plan.describe()} waits on itself")
-            t = min(arrivals)
-            continue
-        v = speed(max(1, sum(1 for x in running.values() if x[1] > 1e-12)))
-        dt = min([x[1] / v if x[1] > 1e-12 else x[2] for x in running.values()] + [a - t for a in arrivals])
-        t += dt
-        for r in list(running):
-            x = running[r]
-            if x[1] > 1e-12:
-                x[1] -= dt * v
-            else:
-                x[2] -= dt
-            active[r] += dt
-            if x[1] <= 1e-12 and x[2] <= 1e-12:
-                done[running.pop(r)[0]] = t
-    return t, active
-
-
-def core_speed(plan: Plan, profile: HardwareProfile) -> Callable[[int], float] | None:
-    """speed(k) for simulate: with cores_per_host set (ranks sharing a CPU's cores, one thread each),
-    a rank computes min(1, cores / busy ranks of its host) core's worth; its costs were measured with
-    every rank of the host busy, so speed is relative to that. Every pipeline group of the host
-    runs the same schedule at once (data-parallel peers keep step)."""
-    cores, host = profile.cores_per_host, min(profile.devices_per_host, plan.world_size)
-    if not cores:
-        return None
-    groups = max(1, host // plan.pp) if plan.pp <= host else 1
-    per_host = min(plan.pp, host)
-    full = min(1.0, cores / host)
-    return lambda k: min(1.0, cores / max(1, min(k, per_host) * groups)) / full
 
 
 def _comm_by_axis(spec: ModelSpec, plan: Plan, profile: HardwareProfile, rank: int) -> dict[str, float]:
