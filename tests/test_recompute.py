@@ -1,6 +1,6 @@
 """Activation recomputation (Plan.recompute): parity and activation memory.
 
-Parity: 'selective' and 'full' under dp, tp, fsdp and pp (and one 2-D combination) against
+Parity: 'selective' and 'full' under dp, tp (with and without sequence parallelism), fsdp and pp (and one 2-D combination) against
 the single-process run without recomputation: per-step losses of 3 AdamW steps, the next
 batch's loss and full gradients, the final weights, with the parity tolerances of
 test_parallel_parity (recomputing reruns the same kernels on the same inputs: the
@@ -31,6 +31,10 @@ CONFIGS_2 = [
     ("dp2-full", LLAMA, dict(dp=2, recompute="full")),
     ("tp2-selective", LLAMA, dict(tp=2, recompute="selective")),
     ("tp2-full", LLAMA, dict(tp=2, recompute="full")),
+    # Sequence parallelism cuts the residual stream at a layer's input: its recomputation must
+    # start from the cut it saved, not cut it again.
+    ("tp2-sp-full", LLAMA, dict(tp=2, sequence_parallel=True, recompute="full")),
+    ("tp2-sp-selective", LLAMA, dict(tp=2, sequence_parallel=True, recompute="selective")),
     ("fsdp2-selective", LLAMA, dict(fsdp=2, recompute="selective")),
     ("fsdp2-full", LLAMA, dict(fsdp=2, recompute="full")),
     ("pp2-selective", LLAMA, dict(pp=2, recompute="selective")),

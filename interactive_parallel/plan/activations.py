@@ -231,11 +231,16 @@ def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """
     a, tp, h = act_bytes(plan), plan.tp, spec.hidden_size
     tokens = rows * plan.seq_len // plan.cp
-    kept = Parts(linear_inputs=tokens * h * FP32)
+    # Under sequence parallelism the residual stream between blocks is the sequence shard.
+    stream = tokens // tp if plan.sequence_parallel and tp > 1 else tokens
+    kept = Parts(linear_inputs=stream * h * FP32)
     if plan.recompute == "selective":
         rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st.startswith("rowwise"))
-        reduced = rowwise * h if tp > 1 else 0
-        kept = kept + Parts(linear_inputs=tokens * (_outputs(spec, plan) + reduced) * a,
+        reduced = rowwise * h * stream if tp > 1 else 0  # after the all-reduce (SP: reduce-scatter)
+        # SP's all-gathers of the attention's and the MLP's input (the fp32 norm outputs) are
+        # collectives too: their whole-sequence outputs are kept.
+        gathered = 2 * tokens * h * FP32 if stream != tokens else 0
+        kept = kept + Parts(linear_inputs=(tokens * _outputs(spec, plan) + reduced) * a + gathered,
                             attention=tokens * (spec.width("q") // tp * a + spec.num_heads // tp * FP32))
     return kept
 
@@ -247,8 +252,9 @@ def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) ->
     input linears' outputs), and under autocast the copies of its weights."""
     fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
     tokens = rows * plan.seq_len // plan.cp
+    stream = tokens // tp if plan.sequence_parallel and tp > 1 else tokens
     whole = layer_parts(spec, plan, rows)
-    norms, attention, mlp = whole.norms - tokens * spec.hidden_size * FP32, whole.attention, whole.mlp
+    norms, attention, mlp = whole.norms - stream * spec.hidden_size * FP32, whole.attention, whole.mlp
     if plan.recompute == "selective":
         q, kv = spec.width("q") // tp, spec.width("kv") // tp
         attention -= tokens * ((q + (kv if fam.rotary_path else q + 2 * kv)) * a + spec.num_heads // tp * FP32)

@@ -281,13 +281,22 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     """
     from torch.distributed.tensor import DTensor
 
+    from .ac import in_backward
+
     ids = set(layer_ids)
 
+    # Recomputation (Plan.recompute) calls the layer again in backward with the inputs its
+    # checkpoint saved, which are already cut: cutting again would halve the sequence twice, and
+    # gathering a discarded output would issue an all-gather nobody needs.
     def cut(_mod, args, kwargs):
+        if in_backward():
+            return None
         x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)  # [b, s, h]
         return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs  # [b, s/tp, h]
 
     def gather(_mod, _args, out):
+        if in_backward():
+            return None
         x = out[0] if isinstance(out, tuple) else out  # [b, s/tp, h]
         x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
         full = x.redistribute(mesh, [Replicate()]).to_local()  # [b, s, h]
