@@ -11,7 +11,7 @@ import pytest
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-TIERS = ("pure", "rank1", "multirank", "session", "multihost", "faults", "notebook", "browser")
+TIERS = ("pure", "rank1", "multirank", "session", "multihost", "launchers", "faults", "notebook", "browser")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -58,7 +58,7 @@ def drive(args) -> dict:
     out: dict = {}
     with Session.attach(cluster_id=args.cluster_id, profile_dir=args.profile_dir, ranks=args.ranks,
                         interface=args.interface, timeout=180.0, collective_timeout=60.0) as s:
-        out["info"] = [{k: getattr(r, k) for k in ("rank", "host", "local_rank", "interface", "address")}
+        out["info"] = [{k: getattr(r, k) for k in ("rank", "host", "local_rank", "interface", "address", "launcher_rank")}
                        for r in s.ranks_info]
         out["clocks"] = [c.to_dict() for c in s.clocks()]
         out["listening"] = s.run(multihost_ranks.listening)

@@ -113,3 +113,27 @@ def test_a_load_of_another_model_names_its_parameters(tmp_path):
     with pytest.raises(FileNotFoundError, match="holds no checkpoint"):
         checkpoints.check_loadable(str(tmp_path), SPEC)
     assert checkpoints.check_loadable(str(path), other) == os.path.abspath(path)
+
+
+def test_a_site_launcher_is_refused_before_anything_starts():
+    """Session.start: an unknown launcher, or hosts offering fewer engines than ranks, are
+    refused naming the numbers, before any controller or temporary directory exists."""
+    import tempfile
+    from pathlib import Path
+
+    from interactive_parallel import Session
+    from interactive_parallel.cluster.launchers import slurm_template
+
+    made = lambda: {p for name in ("pbs", "ssh") for p in Path(tempfile.gettempdir()).glob(f"ip-{name}-*")}  # noqa: E731
+    before = made()
+    with pytest.raises(ValueError, match="launcher 'pbs' is not one of slurm, mpi, ssh"):
+        Session.start("pbs", 2, controller_ip="127.0.0.1")
+    with pytest.raises(ValueError, match=r"hosts \{'node1': 1\} offer 1 engines, fewer than ranks\(2\)"):
+        Session.start("ssh", 2, hosts={"node1": 1}, controller_ip="127.0.0.1")
+    with pytest.raises(ValueError, match=r"ranks\(0\)"):
+        Session.start("slurm", 0, controller_ip="127.0.0.1")
+    assert made() == before
+    # what sbatch is asked for: the tasks, the nodes and the tasks on each, the output beside the profile
+    lines = slurm_template(2, 4).splitlines()
+    assert {"#SBATCH --ntasks={n}", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
+            "#SBATCH --output={output_file}"} <= set(lines) and lines[-1] == "srun {program_and_args}"

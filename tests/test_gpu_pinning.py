@@ -1,7 +1,9 @@
 """GPU assignment across re-forms (cluster.rendezvous.assign): under CUDA each engine is pinned
 to the GPU it was first given, so after a replacement a survivor computes where its CUDA
 context and cached memory already are, and the replacement takes the GPU the dead rank freed,
-even when engine-id order would now give it another one."""
+even when engine-id order would now give it another one. Also the order itself: a launcher's
+numbering (SLURM_PROCID, the MPI rank) orders ranks and hosts where every engine has one, and
+ranks of different torch builds are refused naming the host."""
 import pytest
 
 from interactive_parallel.cluster import rendezvous
@@ -49,3 +51,21 @@ def test_pins_are_per_host_and_a_pin_out_of_range_or_taken_twice_is_reassigned()
 def test_more_local_ranks_than_gpus_is_refused_before_any_pin():
     with pytest.raises(SessionError, match="one GPU per local rank needed; a: 3 ranks > 2 GPUs"):
         rendezvous.assign([0, 1, 2], facts(["a"] * 3, gpus=2), "cuda", {0: 0})
+
+
+def test_a_launchers_numbering_orders_the_ranks_and_hosts():
+    """Engine ids follow registration; srun's SLURM_PROCID (or the MPI rank) is what the user
+    launched: hosts in the order of their lowest launcher rank, launcher ranks within a host."""
+    fs = [RankFacts(host=h, pid=100 + i, cores=4, cuda=0, launcher_rank=r)
+          for i, (h, r) in enumerate([("b", 3), ("a", 1), ("b", 2), ("a", 0)])]
+    places = rendezvous.assign([0, 1, 2, 3], fs, "cpu")
+    assert [(p.rank, p.host, p.launcher_rank, p.local_rank) for p in places] == [
+        (0, "a", 0, 0), (1, "a", 1, 1), (2, "b", 2, 0), (3, "b", 3, 1)]
+
+
+def test_ranks_of_different_torch_builds_are_refused_naming_the_host():
+    fs = [RankFacts(host=h, pid=i, cores=1, cuda=0, torch=v)
+          for i, (h, v) in enumerate([("host1", "2.13.0"), ("host1", "2.13.0"), ("host2", "2.13.0"), ("host3", "2.12.0")])]
+    with pytest.raises(SessionError) as e:
+        rendezvous.assign([0, 1, 2, 3], fs, "cpu")
+    assert str(e.value).startswith("torch differs across hosts: host3 has torch 2.12.0; host1, host2 have torch 2.13.0")

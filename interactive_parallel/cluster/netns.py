@@ -10,9 +10,12 @@ host name is the host's (`ip netns exec` alone keeps the machine's name, and ran
 grouped into hosts by name). `start_cluster` runs ipyparallel's own `ipcontroller` on host
 0 (listening on its address only) and `ipengine` processes on the others; a client must
 run on host 0 too (`Hosts.run(0, ...)`), as the machine's own namespace has no address on
-that subnet. `close()` kills every process still inside the namespaces (`ip netns pids`),
-then deletes them, which deletes their interfaces too. Needs root, `ip` (iproute2) and
-`unshare` (util-linux). Knows nothing of torch or of sessions.
+that subnet. Every host resolves every host's name (an `/etc/netns/<namespace>/hosts` file,
+which `ip netns exec` mounts over `/etc/hosts`), as a site's DNS would: Slurm node names,
+torchrun's `--master_addr host1`. `close()` kills every process still inside the namespaces
+(`ip netns pids`), then deletes them, which deletes their interfaces too, and their hosts
+files. Needs root, `ip` (iproute2), `unshare` and `nsenter` (util-linux). Knows nothing of
+torch, of sessions or of the site services run on the hosts (cluster/sites.py).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Callable
 
 SUBNET = "10.213.7"
+NETNS_ETC = Path("/etc/netns")
 IFACE = "eth0"
 CLUSTER_ID = "netns"
 STARTUP_S = 60.0
@@ -40,7 +44,7 @@ def why_unavailable() -> str | None:
     """None when this process can make namespaces, else why not."""
     if os.geteuid() != 0:
         return "needs root to make network namespaces (run the suite as root, as CI does)"
-    missing = [tool for tool in ("ip", "unshare") if shutil.which(tool) is None]
+    missing = [tool for tool in ("ip", "unshare", "nsenter") if shutil.which(tool) is None]
     if missing:
         return f"needs {' and '.join(missing)} on PATH (iproute2, util-linux)"
     return None
@@ -80,6 +84,7 @@ class Hosts:
             _ip("-n", hub, "link", "add", "br0", "type", "bridge")
             _ip("-n", hub, "addr", "add", f"{self.address(0)}/24", "dev", "br0")
             _ip("-n", hub, "link", "set", "br0", "up")
+            self._write_hosts_files()
             for i in range(1, self.n):
                 outer = f"v{i}"
                 _ip("-n", self.names[i], "link", "add", IFACE, "type", "veth", "peer", "name", outer, "netns", hub)
@@ -92,16 +97,31 @@ class Hosts:
             raise
         return self
 
-    def command(self, i: int, argv: list[str]) -> list[str]:
-        """argv as run on host i: in its network namespace, under its host name."""
-        return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "--", "sh", "-c",
-                f'hostname {self.hostname(i)} && exec "$@"', "sh", *argv]
+    def _write_hosts_files(self) -> None:
+        lines = ["127.0.0.1 localhost"] + [f"{self.address(i)} {self.hostname(i)}" for i in range(self.n)]
+        for name in self.names:
+            (NETNS_ETC / name).mkdir(parents=True, exist_ok=True)
+            (NETNS_ETC / name / "hosts").write_text("\n".join(lines) + "\n")
 
-    def start(self, i: int, argv: list[str], *, env: dict | None = None, log: str | None = None) -> subprocess.Popen:
+    def command(self, i: int, argv: list[str], *, machine_sys: bool = False) -> list[str]:
+        """argv as run on host i: in its network namespace, under its host name.
+
+        machine_sys: keep the machine's /sys (its cgroup mounts), which `ip netns exec` replaces
+        by the namespace's own sysfs: a daemon that needs cgroups (slurmd) runs through nsenter,
+        with the host's hosts file mounted in a mount namespace of its own."""
+        set_name = f'hostname {self.hostname(i)} && exec "$@"'
+        if machine_sys:
+            hosts_file = NETNS_ETC / self.names[i] / "hosts"
+            return ["nsenter", f"--net=/run/netns/{self.names[i]}", "unshare", "--uts", "--mount", "--", "sh", "-c",
+                    f"mount --bind {hosts_file} /etc/hosts && {set_name}", "sh", *argv]
+        return ["ip", "netns", "exec", self.names[i], "unshare", "--uts", "--", "sh", "-c", set_name, "sh", *argv]
+
+    def start(self, i: int, argv: list[str], *, env: dict | None = None, log: str | None = None,
+              machine_sys: bool = False) -> subprocess.Popen:
         """Start argv on host i (each exec replaces the last, so the pid is argv's own)."""
         out = open(log, "ab") if log else subprocess.DEVNULL
         try:
-            proc = subprocess.Popen(self.command(i, argv), env=env, stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.Popen(self.command(i, argv, machine_sys=machine_sys), env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             if log:
@@ -143,6 +163,7 @@ class Hosts:
                 pass
         for name in reversed(self.names):
             subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10)
+            shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
         self.names = []
 
     def __enter__(self) -> "Hosts":
@@ -153,9 +174,11 @@ class Hosts:
 
 
 def leftovers(tag: str) -> list[str]:
-    """Namespaces (and so their interfaces) whose name starts with `tag` that still exist."""
+    """Namespaces (and so their interfaces) whose name starts with `tag` that still exist, and
+    their hosts files."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(tag)]
+    files = [str(p) for p in NETNS_ETC.glob(f"{tag}*")] if NETNS_ETC.exists() else []
+    return [line.split()[0] for line in out.splitlines() if line.startswith(tag)] + files
 
 
 def start_cluster(hosts: Hosts, ranks_per_host: dict[int, int], workdir: str | Path,

@@ -48,17 +48,36 @@ async def check_interface(call: Callable[..., Awaitable[list]], interface: str) 
         raise SessionError(f"interface {interface!r} has no IPv4 address on " + "; ".join(missing))
 
 
+def _same_torch(facts: list) -> None:
+    """One torch everywhere: ranks of different builds disagree on collectives' wire formats and
+    on numerics, which surfaces much later as a hang or a parity failure."""
+    hosts: dict[str, set[str]] = {}
+    for f in facts:
+        hosts.setdefault(f.torch, set()).add(f.host)
+    if len(hosts) > 1:
+        ranked = sorted(hosts.items(), key=lambda kv: len(kv[1]))  # the odd ones out first
+        raise SessionError("torch differs across hosts: " + "; ".join(
+            f"{', '.join(sorted(h))} {'has' if len(h) == 1 else 'have'} torch {v or '(not installed)'}"
+            for v, h in ranked) + ": every rank must run the same torch build (install the same version on every host)")
+
+
 def assign(ids: list[int], facts: list, device: str, pinned: dict[int, int] | None = None) -> list[RankPlace]:
     """Ranks in a stable order: hosts in order of their lowest engine id, engine ids within a
     host, so a host's ranks are contiguous (TP, the innermost mesh axis, stays on one host);
-    under CUDA every local rank needs a GPU of its own.
+    under CUDA every local rank needs a GPU of its own. Where a launcher numbered every engine
+    (srun's SLURM_PROCID, the MPI rank) its numbers order them instead of the engine ids,
+    which follow registration: torch's ranks then follow the launcher's, host by host.
 
     `pinned`: engine id -> GPU from the previous assignment. A surviving engine keeps its GPU
     (its CUDA context and cached memory stay there: moving it would hold two GPUs' worth on one
     and crowd a replacement onto a device still in use); a new engine takes the lowest GPU of
     its host that no survivor holds."""
-    hosts = list(dict.fromkeys(f.host for f in facts))
-    order = sorted(range(len(ids)), key=lambda i: (hosts.index(facts[i].host), ids[i]))
+    _same_torch(facts)
+    numbered = all(f.launcher_rank >= 0 for f in facts) and len({f.launcher_rank for f in facts}) == len(facts)
+    key = [f.launcher_rank if numbered else e for e, f in zip(ids, facts)]
+    first = sorted(range(len(ids)), key=key.__getitem__) if numbered else range(len(ids))
+    hosts = list(dict.fromkeys(facts[i].host for i in first))
+    order = sorted(range(len(ids)), key=lambda i: (hosts.index(facts[i].host), key[i]))
     if device == "cuda":
         short = sorted({f"{f.host} has {f.cuda} GPU(s)" for f in facts if f.cuda == 0})
         if short:
@@ -73,7 +92,7 @@ def assign(ids: list[int], facts: list, device: str, pinned: dict[int, int] | No
     for rank, i in enumerate(order):
         f = facts[i]
         places.append(RankPlace(rank=rank, engine_id=ids[i], host=f.host, pid=f.pid, cores=f.cores, cuda=f.cuda,
-                                local_rank=local.setdefault(f.host, 0)))
+                                local_rank=local.setdefault(f.host, 0), launcher_rank=f.launcher_rank))
         local[f.host] += 1
     if device != "cuda":
         return places

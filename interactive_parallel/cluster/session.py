@@ -105,6 +105,32 @@ class Session:
                             ranks=ranks, timeout=kwargs.get("timeout", 120.0))
         return cls(ranks=ranks or len(pool.engine_ids), device=device, interface=interface, _pool=pool, **kwargs)
 
+    @classmethod
+    def start(cls, launcher: str, ranks: int, *, controller_ip: str, hosts: dict[str, int] | None = None,
+              nodes: int | None = None, ssh_args: list[str] | None = None, options: dict | None = None,
+              environment: dict | None = None, device: str = "cpu", interface: str | None = None,
+              **kwargs: Any) -> "Session":
+        """Start an ipyparallel cluster with its own `launcher` ('slurm', 'mpi' or 'ssh') and use
+        it; stopping the session stops the cluster (the job cancelled, every engine gone).
+
+        `controller_ip`: the address the controller listens on, which every engine host must
+        reach. 'slurm': `nodes` for sbatch (ranks spread evenly over them); 'mpi' and 'ssh':
+        `hosts` {host: engines}; `ssh_args` reach those hosts (mpiexec's rsh agent too).
+        `options`: ipyparallel's own options of the engine launcher, by its names (e.g.
+        {"queue": "gpu", "timelimit": "30"} for Slurm). A launcher that cannot give the engines
+        raises LaunchError naming the job or host and why, within `timeout`.
+        """
+        from .launchers import LaunchedPool
+
+        check_session_args(ranks, device, interface, kwargs.get("snapshot_every", SNAPSHOT_EVERY), None)
+        pool = LaunchedPool(launcher, ranks, controller_ip=controller_ip, hosts=hosts, nodes=nodes, ssh_args=ssh_args,
+                            options=options, environment=environment, timeout=kwargs.get("timeout", 120.0))
+        try:
+            return cls(ranks=ranks, device=device, interface=interface, _pool=pool, **kwargs)
+        except BaseException:
+            pool.stop()  # the session's own stop has already run; the cluster must go too
+            raise
+
     # ---- state, read through --------------------------------------------------------------------
     device = property(lambda self: self.ranks.device, doc="'cpu' (gloo) or 'cuda' (nccl).")
     world_size = property(lambda self: self.ranks.world_size, doc="Number of ranks.")

@@ -162,6 +162,11 @@ class RankFacts(Record):
     """CUDA devices it sees (0: none)."""
     cuda_bad_fork: bool = False
     """It was forked from a process that had initialised CUDA: its CUDA calls will fail."""
+    torch: str = ""
+    """The torch distribution installed where it runs (its metadata's version)."""
+    launcher_rank: int = -1
+    """Its rank as the launcher that started it numbers them (SLURM_PROCID under srun, the MPI
+    rank under mpiexec); -1 where none does (a local pool, SSH)."""
 
 
 @dataclass
@@ -232,3 +237,5 @@ class RankPlace(Record):
     gpu: int = -1
     """Under CUDA, the device it computes on: pinned to its engine at its first assignment (a
     survivor of a replacement keeps it; a replacement takes a freed one). -1 off CUDA."""
+    launcher_rank: int = -1
+    """Its rank as its launcher numbered it (SLURM_PROCID, the MPI rank; -1: none)."""

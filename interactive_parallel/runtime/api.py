@@ -38,7 +38,29 @@ def identify() -> RankFacts:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return RankFacts(host=socket.gethostname(), pid=os.getpid(), cores=cores,
                      cuda=torch.cuda.device_count() if torch.cuda.is_available() else 0,
-                     cuda_bad_fork=torch.cuda._is_in_bad_fork())
+                     cuda_bad_fork=torch.cuda._is_in_bad_fork(), torch=_installed("torch"),
+                     launcher_rank=_launcher_rank())
+
+
+# Where each launcher writes a process's rank: Slurm's srun, Open MPI, MPICH / PMIx.
+LAUNCHER_RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def _launcher_rank() -> int:
+    for name in LAUNCHER_RANK_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return -1
+
+
+def _installed(dist: str) -> str:
+    """The installed distribution's version, as pip records it (a host's own install)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
