@@ -1,9 +1,9 @@
-"""Twenty start/stop cycles leave nothing behind.
+"""Eight start/stop cycles leave nothing behind.
 
-After one cycle that creates what a process makes once (below), each of twenty cycles starts a
+After one cycle that creates what a process makes once (below), each of eight cycles (every plan twice) starts a
 2-rank session, lays tiny-llama out under one of four plans (dp, fsdp, tp,
 pp in turn), trains two steps with the probes on (memory, comm ledger, compute intervals;
-the default) and a snapshot, and stops. Counted before the twenty and after them:
+the default) and a snapshot, and stops. Counted before the eight and after them:
 this process's child processes and their listening ports, this process's threads, the
 shared-memory segments in /dev/shm and the entries of the temporary directory (new ones
 only, each named when it is left). Each cycle also checks its own pool's processes and ports
@@ -24,7 +24,7 @@ from interactive_parallel import Plan
 
 pytestmark = pytest.mark.faults
 
-CYCLES = 20
+CYCLES = 8  # every plan twice: a leak per cycle shows as 8 of it
 PLANS = [Plan(dp=2), Plan(fsdp=2), Plan(tp=2), Plan(pp=2)]
 SETTLE_S = 10.0
 """How long what a stop ends may take to disappear (threads joining, the kernel reaping)."""
@@ -65,10 +65,10 @@ def _cycle(plan: Plan) -> None:
             "the probes measured nothing"
 
 
-def test_twenty_start_stop_cycles_leave_nothing_behind():
+def test_eight_start_stop_cycles_leave_nothing_behind():
     # The first session of a process creates what every later one shares and nothing stops:
     # zmq's global context (its I/O and reaper threads) and numpy's OpenBLAS thread pool
-    # (measured with gdb). A leak is what the next twenty cycles add on top.
+    # (measured with gdb). A leak is what the next eight cycles add on top.
     _cycle(PLANS[0])
     before = _footprint()
     for cycle in range(CYCLES):

@@ -1,4 +1,4 @@
-"""Bad input drawn at random: 500 plans and training settings against one live 4-rank session.
+"""Bad input drawn at random: 200 plans and training settings against one live 4-rank session.
 
 Each draw is a Plan (every field: a sound value, a degree 0..9, a negative number, a wrong
 type or a huge size) applied with `apply`, then one `train` step with drawn knobs. Each of
@@ -22,7 +22,7 @@ from interactive_parallel.runtime import api
 
 pytestmark = pytest.mark.faults
 
-DRAWS = 500
+DRAWS = 200
 SEED = 20261130
 HUGE = 10**12
 SOUND = [dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2), dict(pp=2, dp=2), dict(dp=2, cp=2), dict(tp=4),
@@ -131,4 +131,4 @@ def test_random_plans_run_or_are_refused_untouched(monkeypatch):
         s.apply(Plan(dp=4, batch_size=8, seq_len=32))
         assert all(math.isfinite(r.loss) for r in s.train(1))
     # both sides were exercised by the draws, not only one
-    assert tally["ran"] >= 100 and tally["refused"] >= 300, tally
+    assert tally["ran"] >= DRAWS // 5 and tally["refused"] >= 3 * DRAWS // 5, tally  # of 2 * DRAWS calls

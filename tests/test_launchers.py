@@ -84,41 +84,47 @@ def attach_and_check(hosts, profile, tmp, layout, *extra) -> dict:
     return result
 
 
-def test_slurm_ipcluster_attach_train_export_and_nothing_queued(make_hosts, tmp_path):
+@pytest.fixture
+def slurm(make_hosts, tmp_path):
+    """The login node (host 0) and two Slurm compute nodes: (hosts, the site, Slurm's environment)."""
     needs("slurm")
     hosts = make_hosts(3)
     site = sites.SlurmSite(hosts, tmp_path / "slurm", nodes=[1, 2]).open()
     try:
-        env = dict(_env(), **{"SLURM_CONF": str(site.conf)})
-        template = tmp_path / "engines.sbatch"
-        template.write_text("#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n"
-                            "#SBATCH --ntasks={n}\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
-                            "#SBATCH --output={output_file}\nsrun {program_and_args}\n")
-        profile = tmp_path / "profile"
-        proc = ipcluster(hosts, "Slurm", profile, f"c.SlurmEngineSetLauncher.batch_template_file = {str(template)!r}\n"
-                         f"c.SlurmEngineSetLauncher.batch_file_name = {str(tmp_path / 'engines.job')!r}\n",
-                         tmp_path, env)
-        script = tmp_path / "train_dp2_tp2.py"
-        result = attach_and_check(hosts, profile, tmp_path, {1: 2, 2: 2}, "--export", str(script))
-        # the ranks' hosts are the Slurm nodes; torch's ranks follow srun's SLURM_PROCID
-        assert sorted({r["host"] for r in result["info"]}) == site.node_names
-        assert [r["launcher_rank"] for r in result["info"]] == [0, 1, 2, 3], result["info"]
-        stop_ipcluster(proc, tmp_path)
-        assert site.drained() == []
-
-        # the exported script under srun torchrun, across the two nodes, as a Slurm user types it
-        line = (f"{BIN / 'torchrun'} --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --nproc_per_node 2 "
-                "--master_addr $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) --master_port 29517 "
-                f"{script}")
-        code = hosts.run(0, ["srun", "--nodes=2", "--ntasks-per-node=1", "sh", "-c", line], env=env,
-                         log=str(tmp_path / "srun.log"), timeout=240)
-        log = _tail(tmp_path / "srun.log", 6000)
-        assert code == 0, log
-        losses = [float(m) for m in re.findall(r"step 3 loss ([0-9.]+)", log)]
-        assert losses and abs(losses[0] - result["ref_next_loss"]) <= 1e-4, (losses, result["ref_next_loss"], log)
-        assert site.drained() == []
+        yield hosts, site, dict(_env(), SLURM_CONF=str(site.conf))
     finally:
         site.close()
+
+
+def test_slurm_ipcluster_attach_train_export_and_nothing_queued(slurm, tmp_path):
+    hosts, site, env = slurm
+    template = tmp_path / "engines.sbatch"
+    template.write_text("#!/bin/sh\n#SBATCH --export=ALL\n#SBATCH --job-name=ipengine-{cluster_id}\n"
+                        "#SBATCH --ntasks={n}\n#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=2\n"
+                        "#SBATCH --output={output_file}\nsrun {program_and_args}\n")
+    profile = tmp_path / "profile"
+    proc = ipcluster(hosts, "Slurm", profile, f"c.SlurmEngineSetLauncher.batch_template_file = {str(template)!r}\n"
+                     f"c.SlurmEngineSetLauncher.batch_file_name = {str(tmp_path / 'engines.job')!r}\n",
+                     tmp_path, env)
+    script = tmp_path / "train_dp2_tp2.py"
+    result = attach_and_check(hosts, profile, tmp_path, {1: 2, 2: 2}, "--export", str(script))
+    # the ranks' hosts are the Slurm nodes; torch's ranks follow srun's SLURM_PROCID
+    assert sorted({r["host"] for r in result["info"]}) == site.node_names
+    assert [r["launcher_rank"] for r in result["info"]] == [0, 1, 2, 3], result["info"]
+    stop_ipcluster(proc, tmp_path)
+    assert site.drained() == []
+
+    # the exported script under srun torchrun, across the two nodes, as a Slurm user types it
+    line = (f"{BIN / 'torchrun'} --nnodes $SLURM_NNODES --node_rank $SLURM_NODEID --nproc_per_node 2 "
+            "--master_addr $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n1) --master_port 29517 "
+            f"{script}")
+    code = hosts.run(0, ["srun", "--nodes=2", "--ntasks-per-node=1", "sh", "-c", line], env=env,
+                     log=str(tmp_path / "srun.log"), timeout=240)
+    log = _tail(tmp_path / "srun.log", 6000)
+    assert code == 0, log
+    losses = [float(m) for m in re.findall(r"step 3 loss ([0-9.]+)", log)]
+    assert losses and abs(losses[0] - result["ref_next_loss"]) <= 1e-4, (losses, result["ref_next_loss"], log)
+    assert site.drained() == []
 
 
 def start_session(machines: netns.Hosts, tmp, env: dict, **kwargs) -> dict:
@@ -132,31 +138,25 @@ def start_session(machines: netns.Hosts, tmp, env: dict, **kwargs) -> dict:
     return result
 
 
-def test_slurm_session_start_and_a_job_that_cannot_be_scheduled(make_hosts, tmp_path):
-    needs("slurm")
-    hosts = make_hosts(3)
-    site = sites.SlurmSite(hosts, tmp_path / "slurm", nodes=[1, 2]).open()
-    try:
-        env = dict(_env(), SLURM_CONF=str(site.conf))
-        ok = start_session(hosts, tmp_path, env, launcher="slurm", ranks=2, nodes=2, controller_ip=hosts.address(0),
-                           timeout=START_S)
-        assert "error" not in ok, ok
-        assert [r["host"] for r in ok["info"]] == site.node_names and all(d["all_reduce_ok"] for d in ok["doctor"])
-        assert [r["launcher_rank"] for r in ok["info"]] == [0, 1], ok["info"]
-        assert site.drained() == []
-        # the batch script and the job's output stayed in the session's profile directory
-        assert not list(Path.cwd().glob("slurm*")), list(Path.cwd().glob("slurm*"))
+def test_slurm_session_start_and_a_job_that_cannot_be_scheduled(slurm, tmp_path):
+    hosts, site, env = slurm
+    ok = start_session(hosts, tmp_path, env, launcher="slurm", ranks=2, nodes=2, controller_ip=hosts.address(0),
+                       timeout=START_S)
+    assert "error" not in ok, ok
+    assert [r["host"] for r in ok["info"]] == site.node_names and all(d["all_reduce_ok"] for d in ok["doctor"])
+    assert [r["launcher_rank"] for r in ok["info"]] == [0, 1], ok["info"]
+    assert site.drained() == []
+    # the batch script and the job's output stayed in the session's profile directory
+    assert not list(Path.cwd().glob("slurm*")), list(Path.cwd().glob("slurm*"))
 
-        bad = start_session(hosts, tmp_path, env, launcher="slurm", ranks=5, nodes=5, controller_ip=hosts.address(0),
-                            timeout=FAULT_S)
-        assert bad.get("error_type") == "LaunchError", bad
-        # Slurm takes the job and keeps it pending for good: named at once, with the partition's size
-        assert "cannot be scheduled" in bad["error"] and "PartitionConfig" in bad["error"], bad["error"]
-        assert "5 nodes" in bad["error"] and "debug has 2" in bad["error"], bad["error"]
-        assert bad["elapsed_s"] <= FAULT_S + 30, bad
-        assert site.drained() == []
-    finally:
-        site.close()
+    bad = start_session(hosts, tmp_path, env, launcher="slurm", ranks=5, nodes=5, controller_ip=hosts.address(0),
+                        timeout=FAULT_S)
+    assert bad.get("error_type") == "LaunchError", bad
+    # Slurm takes the job and keeps it pending for good: named at once, with the partition's size
+    assert "cannot be scheduled" in bad["error"] and "PartitionConfig" in bad["error"], bad["error"]
+    assert "5 nodes" in bad["error"] and "debug has 2" in bad["error"], bad["error"]
+    assert bad["elapsed_s"] <= FAULT_S + 30, bad
+    assert site.drained() == []
 
 
 def engine_env() -> dict:
@@ -186,6 +186,16 @@ def engines_left(hosts: netns.Hosts, wait_s: float = 20.0) -> list[str]:
         time.sleep(0.5)
 
 
+def train_on(hosts: netns.Hosts, launcher: str, config: str, tmp: Path) -> dict:
+    """`ipcluster start --engines=<launcher>` (profile tmp/profile), a Session attached trains at
+    parity (attach_and_check), Ctrl-C, and no engine is left on any host; the driver's report."""
+    proc = ipcluster(hosts, launcher, tmp / "profile", config, tmp, _env())
+    result = attach_and_check(hosts, tmp / "profile", tmp, {1: 2, 2: 2})
+    stop_ipcluster(proc, tmp)
+    assert engines_left(hosts) == []
+    return result
+
+
 def test_ssh_ipcluster_attach_train(make_hosts, tmp_path):
     needs("ssh")
     hosts = make_hosts(3)
@@ -199,10 +209,7 @@ def test_ssh_ipcluster_attach_train(make_hosts, tmp_path):
         config = "".join(f"c.SSHEngineSetLauncher.{k} = {v!r}\n" for k, v in {
             "engines": engines, "remote_python": sys.executable, "ssh_args": ssh.ssh_args, "scp_args": ssh.ssh_args,
             "environment": engine_env(), "poll_seconds": SSH_POLL_S}.items())
-        proc = ipcluster(hosts, "SSH", profile, config, tmp_path, _env())
-        attach_and_check(hosts, profile, tmp_path, {1: 2, 2: 2})
-        stop_ipcluster(proc, tmp_path)
-        assert engines_left(hosts) == []
+        train_on(hosts, "SSH", config, tmp_path)
     finally:
         ssh.close()
 
@@ -212,7 +219,6 @@ def test_mpi_ipcluster_attach_train_and_torch_ranks_are_the_mpi_ranks(make_hosts
     hosts = make_hosts(3)
     ssh = sites.SshSite(hosts, tmp_path / "ssh", on=[1, 2]).open()
     try:
-        profile = tmp_path / "profile"
         args = ["--host", f"{hosts.hostname(1)}:2,{hosts.hostname(2)}:2", "--mca", "plm_rsh_agent",
                 " ".join(["ssh", *ssh.ssh_args]), "--allow-run-as-root",
                 # MPI only launches and numbers the engines: its TCP transport would listen on
@@ -220,11 +226,8 @@ def test_mpi_ipcluster_attach_train_and_torch_ranks_are_the_mpi_ranks(make_hosts
                 "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
         for name in ["IPP_CLUSTER_ID", "IPP_PROFILE_DIR", *engine_env()]:  # what Open MPI forwards
             args += ["-x", name]
-        proc = ipcluster(hosts, "MPI", profile, f"c.MPILauncher.mpi_args = {args!r}\n", tmp_path, _env())
-        result = attach_and_check(hosts, profile, tmp_path, {1: 2, 2: 2})
+        result = train_on(hosts, "MPI", f"c.MPILauncher.mpi_args = {args!r}\n", tmp_path)
         assert [r["launcher_rank"] for r in result["info"]] == [0, 1, 2, 3], result["info"]
-        stop_ipcluster(proc, tmp_path)
-        assert engines_left(hosts) == []
     finally:
         ssh.close()
 

@@ -40,6 +40,18 @@ def _run(argv: list[str], *, env: dict | None = None, timeout: float = 30.0) -> 
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def _stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM the daemons still running, then SIGKILL any that outlive `grace`."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 @dataclass
 class SlurmSite:
     """Slurm across `hosts`: slurmctld on host `controller`, one slurmd per host in `nodes`
@@ -163,14 +175,7 @@ class SlurmSite:
         munged, remove every file written here."""
         if self.conf.exists() and any(p.poll() is None for p in self.procs):
             _run(self.command(["scancel", "--full", "--user=root"]), env=self.env, timeout=15)
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(self.procs)
         if (self.workdir / "munged.pid").exists():
             _run(["munged", f"--socket={self.workdir / 'munge.socket'}", "--stop"], timeout=15)
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -253,12 +258,5 @@ class SshSite:
             raise TimeoutError(f"sshd on hosts {pending} did not answer in {READY_S:g} s\n{logs}")
 
     def close(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(self.procs)
         shutil.rmtree(self.workdir, ignore_errors=True)
