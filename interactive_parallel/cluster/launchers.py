@@ -180,10 +180,9 @@ class LaunchedPool(Pool):
         es = self._engine_set()
         if es is None or not getattr(es, "job_id", ""):
             return "", "", ""
-        out = subprocess.run(["squeue", "-h", "-j", str(es.job_id), "-o", "%T|%r|%N"], capture_output=True,
-                             text=True, timeout=15)
-        fields = (out.stdout.strip().splitlines() or [""])[0].split("|")
-        return (fields + ["", "", ""])[:3] if len(fields) == 3 else ("", out.stderr.strip(), "")
+        lines, said = _squeue(str(es.job_id), "%T|%r|%N")
+        fields = (lines or [""])[0].split("|")
+        return (fields[0], fields[1], fields[2]) if len(fields) == 3 else ("", said, "")
 
     def _output(self, launcher) -> str:
         try:
@@ -260,10 +259,15 @@ def _host_names() -> list[str]:
     """On an engine: its host name and every IPv4 address it has (a host may be named either way)."""
     import socket
 
-    import psutil
+    from ..runtime import net
 
-    addrs = [a.address for nics in psutil.net_if_addrs().values() for a in nics if a.family == socket.AF_INET]
-    return [socket.gethostname(), *addrs]
+    return [socket.gethostname(), *(a for addrs in net.ipv4_interfaces().values() for a in addrs)]
+
+
+def _squeue(job: str, fmt: str) -> tuple[list[str], str]:
+    """squeue's lines for one job in `fmt` (none once it is gone), and what it said on stderr."""
+    out = subprocess.run(["squeue", "-h", "-j", job, "-o", fmt], capture_output=True, text=True, timeout=15)
+    return [line for line in out.stdout.splitlines() if line.strip()], out.stderr.strip()
 
 
 def _partitions() -> str:
@@ -284,8 +288,7 @@ def _cancel_until_gone(job: str, wait_s: float = 30.0) -> None:
     """scancel the job, then wait until squeue no longer lists it (its steps killed by slurmd)."""
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
-        out = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=15)
-        if not out.stdout.strip():
+        if not _squeue(job, "%T")[0]:
             return
         subprocess.run(["scancel", job], capture_output=True, timeout=15)
         time.sleep(0.5)

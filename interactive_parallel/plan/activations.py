@@ -101,14 +101,19 @@ def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
 _LAYER = Memo(4096)
 
 
+def stream_tokens(plan: Plan, tokens: int) -> int:
+    """Tokens of the residual stream between blocks on this rank: the sequence shard under
+    sequence parallelism, else all `tokens` of its micro-batch."""
+    return tokens // plan.tp if plan.sequence_parallel and plan.tp > 1 else tokens
+
+
 def _layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
-    fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
+    fam, a = spec.family_info, act_bytes(plan)
     h, q, kv, i = spec.hidden_size, spec.width("q"), spec.width("kv"), spec.intermediate_size
     seq = plan.seq_len
     tokens = rows * seq // plan.cp  # this rank's share of the sequence
-    sp = plan.sequence_parallel and tp > 1
     wide, scalars = fam.norm_saves
-    norms = len(fam.norm_paths) * (tokens // tp if sp else tokens) * (wide * h + scalars) * FP32
+    norms = len(fam.norm_paths) * stream_tokens(plan, tokens) * (wide * h + scalars) * FP32
     # Under tp a module computes on its own heads or features only when its input linears leave
     # their outputs split; gathered ones (Phi-3's fused projections, OLMo 2's q/k/v) give every
     # rank the whole width.
@@ -231,8 +236,7 @@ def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """
     a, tp, h = act_bytes(plan), plan.tp, spec.hidden_size
     tokens = rows * plan.seq_len // plan.cp
-    # Under sequence parallelism the residual stream between blocks is the sequence shard.
-    stream = tokens // tp if plan.sequence_parallel and tp > 1 else tokens
+    stream = stream_tokens(plan, tokens)
     kept = Parts(linear_inputs=stream * h * FP32)
     if plan.recompute == "selective":
         rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st.startswith("rowwise"))
@@ -252,7 +256,7 @@ def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) ->
     input linears' outputs), and under autocast the copies of its weights."""
     fam, a, tp = spec.family_info, act_bytes(plan), plan.tp
     tokens = rows * plan.seq_len // plan.cp
-    stream = tokens // tp if plan.sequence_parallel and tp > 1 else tokens
+    stream = stream_tokens(plan, tokens)
     whole = layer_parts(spec, plan, rows)
     norms, attention, mlp = whole.norms - stream * spec.hidden_size * FP32, whole.attention, whole.mlp
     if plan.recompute == "selective":
