@@ -143,3 +143,25 @@ def test_every_record_survives_its_dict_round_trip(cls):
     assert d["kind"] == cls.kind
     back = records.from_dict(__import__("json").loads(__import__("json").dumps(d)))
     assert back == rec and type(back) is cls
+
+
+def test_the_pinned_versions_are_within_the_ranges_and_every_setup_uses_them():
+    """constraints.txt (what the suite passed on) sits inside pyproject.toml's ranges, names each
+    package once, and both set-ups install under it: ./dev.sh and Binder's requirements."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    root = PACKAGE.parent
+    pins = [Requirement(line) for line in (root / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+    names = [p.name.lower().replace("_", "-") for p in pins]
+    assert len(names) == len(set(names)), names
+    assert all(str(p.specifier).startswith("==") for p in pins), "constraints pin exact versions"
+    wanted = {Requirement(d).name.lower(): Requirement(d).specifier
+              for d in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]}
+    outside = [f"{p.name}{p.specifier} outside {wanted[n]}" for p, n in zip(pins, names)
+               if n in wanted and not wanted[n].contains(str(p.specifier)[2:], prereleases=True)]
+    assert not outside, outside
+    assert "-c constraints.txt" in (root / "dev.sh").read_text()
+    assert "-c ../constraints.txt" in (root / "binder" / "requirements.txt").read_text().splitlines()

@@ -43,12 +43,28 @@ def _by_rank(records, op=None, axis=None):
 def ledger_and_commdebugmode() -> tuple[dict, dict]:
     """One training step under CommDebugMode: (our ledger's count per op, CommDebugMode's)."""
     from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.debug._comm_mode import _CommModeModuleTracker
 
     from interactive_parallel.runtime import state
     from interactive_parallel.runtime.train import train_step
 
+    class OneHookPerCall(_CommModeModuleTracker):
+        """CommDebugMode's module tracker keeps one forward hook per module name and drops the
+        handle of the previous call's, so a module instance called twice in a step (transformers
+        >= 5.25 makes apply_rotary_pos_emb one shared nn.Module that every layer calls) pops its
+        parent list twice and leaves a hook behind on that module for good. The previous call's
+        hook has fired by the next call: remove it then."""
+
+        def _fw_pre_hook(self, mod, input):
+            old = self.register_forward_hook_handles.pop(self._get_mod_name(mod), None)
+            if old is not None:
+                old.remove()
+            super()._fw_pre_hook(mod, input)
+
     st = state.get()
-    with CommDebugMode() as cdm:
+    cdm = CommDebugMode()
+    cdm.advanced_module_tracker = OneHookPerCall()
+    with cdm:
         rec = train_step(st.parallel, st.optimizer, st.step, rank=st.rank)
     ours = collections.Counter(c.op for c in rec.comms)
     theirs: collections.Counter = collections.Counter()
