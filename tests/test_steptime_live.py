@@ -3,8 +3,8 @@ step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, 
 pairs), small-llama and tiny-llama, probes off. One live session for the module.
 
 The bound: predicted within a factor of BOUND = 2.5 of the measured median on every plan, both
-models. The 25 % the model aims at holds for small-llama on a quiet machine only (see the
-README's table: bench/bench_steptime.py); this test is there to catch a model that is wrong in
+models. The 25 % the model aims at holds for most one-axis plans on a quiet machine, not for the
+two-axis ones (the README's table: bench/bench_steptime.py); this test is there to catch a model wrong in
 kind (a term missing, a unit off), on a machine whose load moves medians by tens of percent.
 A plan outside its bound is measured once more, and if any stays outside the ranks are calibrated
 again and those plans measured a third time before the test fails (a shared machine's load moves
