@@ -3,7 +3,7 @@
 Pure: refused where it cannot run, off by default, the estimate unchanged, the panel's checkbox
 and note, the exported script's plan. One rank: names kept, decoding and the dry run run the
 blocks eagerly (nothing is compiled), the session's cache directory taken. Multirank (slow:
-inductor compiles on 2 cores): dp2, tp2, pp2, cp2 and dp2 with full recomputation compiled, at
+inductor compiles on 2 cores): tp2, pp2, cp2 and dp2 with full recomputation compiled, at
 parity with one eager process. Session (slow): a live session compiles into its scratch
 directory, which goes at stop.
 
@@ -29,11 +29,11 @@ LOSS_TOL, GRAD_TOL, WEIGHT_TOL = 1e-5, 1e-5, 1e-4
 STEPS = 2
 LLAMA = "tiny-llama"
 CONFIGS_2 = [
-    ("dp2", LLAMA, dict(dp=2, compile=True)),
     ("tp2", LLAMA, dict(tp=2, compile=True)),
     ("pp2", LLAMA, dict(pp=2, compile=True)),
     ("cp2", LLAMA, dict(cp=2, compile=True)),  # compiled in pieces around its collectives
-    ("dp2-recompute", LLAMA, dict(dp=2, recompute="full", compile=True)),  # in pieces around checkpoint's hooks
+    # in pieces around checkpoint's hooks; also DDP over compiled blocks (plain dp2 adds no other path)
+    ("dp2-recompute", LLAMA, dict(dp=2, recompute="full", compile=True)),
 ]
 
 
