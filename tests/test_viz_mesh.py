@@ -127,3 +127,18 @@ def test_under_pp_each_cell_names_its_stages_and_their_layers():
     texts = {t.split("<br>")[0]: t for row in v.text for t in row if t}
     assert texts["0"].endswith("S0:L0-1 S3:L6-7") and texts["1"].endswith("S1:L2-3 S2:L4-5")
     assert not any("S0" in t for row in mesh_figure(Plan(dp=2, tp=2), num_layers=8).data[0].text for t in row if t)
+
+
+@pytest.mark.pure
+def test_a_large_mesh_draws_and_counts_the_groups_of_the_focus_rank_only():
+    """Beyond ALL_LINKS ranks the figure links rank `focus`'s groups, and its legend's bytes per
+    rank are that rank's own: not the mean over every rank's groups."""
+    plan = Plan(dp=64, tp=2)  # 128 ranks; tp pairs (0, 1), (2, 3), ...
+    comms = [CommRecord(rank=r, step=0, op="all_reduce", axis="tp", group=[r - r % 2, r - r % 2 + 1],
+                        bytes=1000 if r < 2 else 10, dtype="float32", start=1.0, end=2.0) for r in range(128)]
+    fig = mesh_figure(plan, comms=comms, focus=0)
+    (tp,) = [t for t in fig.data[1:] if t.name.startswith("tp:")]
+    assert tp.name == "tp: 1000 B/rank", tp.name  # rank 0's pair issued 1000 B each, the others 10
+    assert sum(x is None for x in tp.x) == 1  # one arc: rank 0's pair only
+    fig = mesh_figure(plan, comms=comms, focus=2)
+    assert [t.name for t in fig.data[1:] if t.name.startswith("tp:")] == ["tp: 10 B/rank"]

@@ -301,7 +301,12 @@ def _arc(a: tuple[float, float], b: tuple[float, float], bend: float, points: in
 def _draw_links(fig: go.Figure, grid: MeshGrid, links: dict[str, dict[tuple[int, ...], int]],
                 only: int | None) -> None:
     """One trace per axis: every group (or those of rank `only`) as a ring through its members
-    (a pair: one arc); the width and the legend give the bytes per member and step."""
+    (a pair: one arc); the width and the legend give the bytes per member and step of the groups
+    drawn (rank `only`'s groups: that rank's own traffic, as the title says, not every rank's mean)."""
+    if not links:
+        return
+    links = {axis: drawn for axis, groups in links.items()
+             if (drawn := {g: b for g, b in groups.items() if only is None or only in g})}
     if not links:
         return
     per_rank = {axis: sum(groups.values()) / max(1, len({r for g in groups for r in g}))
@@ -311,7 +316,7 @@ def _draw_links(fig: go.Figure, grid: MeshGrid, links: dict[str, dict[tuple[int,
         name = axis.split("_")[0]
         xs: list[float | None] = []
         ys: list[float | None] = []
-        for group in (g for g in links[axis] if only is None or only in g):
+        for group in links[axis]:
             ring = list(group) + ([group[0]] if len(group) > 2 else [])
             for a, b in zip(ring, ring[1:]):
                 (ra, ca), (rb, cb) = grid.cell(a), grid.cell(b)
