@@ -71,6 +71,50 @@ def test_fit_recovers_the_figures_of_the_slowest_rank():
     assert {x.op for x in p.links if x.link == "intra"} >= {"*", "all_reduce", "all_gather", "send", "recv"}
 
 
+RECV = (0.3e-3, 2e9)  # a message to a receiver already waiting: (latency, bandwidth)
+HANDOFF, ACTION = 3e-3, 1e-3  # core_handoff_s, pipeline_action_s
+
+
+def _pipeline_samples(profile) -> list[CalibrationSample]:
+    """What the ranks would measure if a send to a waiting receiver cost RECV, an idle rank's core
+    reached a busy one after HANDOFF and each pipeline action cost ACTION (the replay's own figures)."""
+    from interactive_parallel.plan.pipeline_time import ActionCost, core_speed, simulate
+
+    out = []
+    for rank in range(RANKS):
+        for nbytes in (1 << 10, 1 << 14, 1 << 18, 1 << 21):
+            out.append(CalibrationSample(rank=rank, what="collective", name=f"recv g2 {nbytes}", op="recv", size=2,
+                                         bytes=nbytes, seconds=RECV[0] + nbytes / RECV[1]))
+        for k, busy in enumerate((0.002, 0.005, 0.01, 0.02, 0.04)):
+            alone = min(busy, HANDOFF) + max(busy - HANDOFF, 0) / 2  # half the ranks idle: twice as fast
+            out += [CalibrationSample(rank=rank, what="handoff", name=f"burst {k} on {n}", size=n, microbatches=k,
+                                      seconds=t) for n, t in ((RANKS, busy), (RANKS // 2, alone))]
+        for n in (2, 4):
+            for m in (n, 2 * n):
+                plan = Plan(pp=n, dp=RANKS // n, microbatches=m, pp_schedule="1f1b", batch_size=m * RANKS // n)
+                t = simulate(plan, [ActionCost(ACTION, ACTION)] * n, RECV[0], core_speed(plan, profile), HANDOFF)[0]
+                out.append(CalibrationSample(rank=rank, what="pipeline", name=f"pp{n} m{m}", size=n, microbatches=m,
+                                             seconds=t))
+    return out
+
+
+@pytest.mark.pure
+def test_fit_recovers_the_waiting_receiver_the_core_handoff_and_a_pipeline_action():
+    memory = [HostMemory(rank=r, host="h", available=8 << 30) for r in range(RANKS)]
+    kw = dict(host_memory=memory, device="cpu", cores_per_host=2)
+    plain = fit_profile(_samples(), get_profile("cpu"), **kw)
+    p = fit_profile(_samples() + _pipeline_samples(plain), get_profile("cpu"), **kw)
+    recv = p.link("intra", "recv", 2)
+    assert recv.op == "recv" and _close(recv.latency_s, RECV[0]) and _close(recv.bandwidth, RECV[1])
+    send = p.link("intra", "send", 2)  # the send after a burst on both sides keeps its own figures
+    assert _close(send.latency_s, LINKS[("send", 2)][0])
+    assert abs(p.core_handoff_s - HANDOFF) <= 1e-4 and _close(p.pipeline_action_s, ACTION)
+    assert "pipeline steps" in p.source and "core handoff" in p.source
+    # without those samples the base's figures stand
+    assert (plain.core_handoff_s, plain.pipeline_action_s) == (get_profile("cpu").core_handoff_s,
+                                                                get_profile("cpu").pipeline_action_s)
+
+
 @pytest.mark.pure
 def test_the_slowest_rank_is_taken_per_sample():
     samples = _samples(slow_rank=0, fast=0.5)

@@ -99,6 +99,11 @@ def test_comms_rules():
     assert pp["send"].bytes == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
     tp = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
     assert tp[("all_reduce", "tp")].count == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer
+    # under a pipeline every microbatch passes its stage's layers: m times the calls, each 1/m of
+    # the bytes (half the layers of twice the rows: tp2 x dp2's bytes)
+    piped = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, pp=2, microbatches=4))}
+    assert piped[("all_reduce", "tp")].count == 4 * 2 * 7 and \
+        piped[("all_reduce", "tp")].bytes == tp[("all_reduce", "tp")].bytes
     ring = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(cp=4, cp_method="ring"))}
     assert ("all_gather", "cp") not in ring  # 3 K|V hops forward, 3 K|V + 4 dK|dV hops backward, per layer
     assert ring[("send", "cp")].count == 4 * (3 + 3 + 4) and ring[("send", "cp")].bytes == 40 * 2 * 8 * 16 * 64 * 4

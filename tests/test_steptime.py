@@ -97,11 +97,38 @@ def test_zero_bubble_schedules_idle_less_than_1f1b_and_transfers_lengthen_the_st
 
 
 def test_ranks_sharing_cores_run_faster_while_the_others_wait():
-    """On the 2-core profile, idle pipeline ranks leave their cores to the busy ones."""
+    """On the 2-core profile, idle pipeline ranks leave their cores to the busy ones (small-llama:
+    its actions outlast the scheduler's handoff)."""
     plan = Plan(pp=4)
-    shared = predict_step(LLAMA, plan, "cpu")
-    alone = predict_step(LLAMA, plan, dataclasses.replace(PROFILES["cpu"], cores_per_host=0))
+    shared = predict_step(SMALL, plan, "cpu")
+    alone = predict_step(SMALL, plan, dataclasses.replace(PROFILES["cpu"], cores_per_host=0))
     assert shared.seconds < alone.seconds
+
+
+def test_a_core_is_handed_over_only_to_work_longer_than_the_handoff():
+    """Actions shorter than core_handoff_s run at the every-rank-busy rate: the replay then equals
+    one without core sharing; a handoff of 0 is the immediate speed-up."""
+    from interactive_parallel.plan.pipeline_time import core_speed
+
+    plan, costs = Plan(pp=4), [ActionCost(0.002, 0.004)] * 4
+    speed = core_speed(plan, PROFILES["cpu"])
+    alone = simulate(plan, costs, 1e-3)[0]
+    assert simulate(plan, costs, 1e-3, speed, handoff_s=0.005)[0] == pytest.approx(alone)
+    at_once = simulate(plan, costs, 1e-3, speed, handoff_s=0.0)[0]
+    partly = simulate(plan, costs, 1e-3, speed, handoff_s=0.003)[0]
+    assert at_once < partly < alone
+
+
+def test_a_pipeline_action_costs_the_schedule_its_fixed_cost():
+    """pipeline_action_s lengthens every pipeline plan (each rank runs 2 m actions a step, more in
+    the warm-up's critical path) and no plan without a pipeline."""
+    cpu = PROFILES["cpu"]
+    heavier = dataclasses.replace(cpu, pipeline_action_s=cpu.pipeline_action_s + 1e-3)
+    for kw in (dict(pp=4), dict(pp=2, dp=2), dict(pp=2, tp=2, microbatches=4)):
+        plan = Plan(**kw)
+        assert predict_step(LLAMA, plan, heavier).seconds - predict_step(LLAMA, plan, cpu).seconds >= \
+            2 * plan.n_microbatches * 1e-3 * 0.99
+    assert predict_step(LLAMA, Plan(dp=2, tp=2), heavier).seconds == predict_step(LLAMA, Plan(dp=2, tp=2), cpu).seconds
 
 
 def test_shipped_profiles_hold_every_figure_and_a_bad_one_is_named():

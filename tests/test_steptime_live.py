@@ -2,10 +2,12 @@
 step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, cp and their
 pairs), small-llama and tiny-llama, probes off. One live session for the module.
 
-The bound: predicted within a factor of BOUND = 2.5 of the measured median on every plan, both
-models. The 25 % the model aims at holds for most one-axis plans on a quiet machine, not for the
-two-axis ones (the README's table: bench/bench_steptime.py); this test is there to catch a model wrong in
-kind (a term missing, a unit off), on a machine whose load moves medians by tens of percent.
+The bounds: the typical plan (the median of |predicted / measured - 1| over the plans) within
+TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its measured median, both models.
+On a quiet machine every plan comes within about 25 % (the README's table: bench/bench_steptime.py),
+but one plan's median moves by tens of percent with the machine's load, so the per-plan bound
+catches a model wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and
+the typical one a model off in degree.
 A plan outside its bound is measured once more, and if any stays outside the ranks are calibrated
 again and those plans measured a third time before the test fails (a shared machine's load moves
 a median, and a calibration, by tens of percent); the ratio is asserted, never a wall-clock figure.
@@ -27,6 +29,7 @@ PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "tp4": dict(tp=4), "pp4": dic
          "cp2xtp2": dict(cp=2, tp=2)}
 BATCH = dict(batch_size=8, seq_len=64)
 BOUND = 2.5
+TYPICAL = 0.25
 WARMUP, STEPS = 2, 5
 
 
@@ -68,8 +71,10 @@ def test_the_calibrated_model_predicts_every_parity_plan(session4, model):
                 plan = Plan(**PLANS[name], **BATCH)
                 gaps[name] = s.predict_step(plan).seconds / _measured(s, plan) - 1
         outside = {n: f"{g:+.0%}" for n, g in gaps.items() if _outside(g)}
-        assert not outside, f"{model}: predicted vs measured outside a factor {BOUND}: {outside} (all: " \
-                            f"{ {n: f'{g:+.0%}' for n, g in gaps.items()} })"
+        every = {n: f"{g:+.0%}" for n, g in gaps.items()}
+        assert not outside, f"{model}: predicted vs measured outside a factor {BOUND}: {outside} (all: {every})"
+        typical = statistics.median(abs(g) for g in gaps.values())
+        assert typical <= TYPICAL, f"{model}: the typical plan's gap {typical:.0%} > {TYPICAL:.0%} (all: {every})"
         # the applied plan's prediction carries the measured median beside it
         applied = s.predict_step()
         assert applied.measured_s is not None and applied.measured_s > 0

@@ -130,6 +130,11 @@ def test_tp_ledger_counts_equal_commdebugmode(session4):
     counts = collections.Counter((c.op, c.axis) for c in session4.comms() if c.rank == 0)
     pred = {(p.op, p.axis): p.count for p in predict_comms(SPEC, session4.plan)}
     assert counts == pred
+    # under a pipeline each microbatch all-reduces in its stage's layers: m times the calls
+    _run(session4, Plan(pp=2, tp=2, microbatches=2, **BASE), steps=1)
+    counts = collections.Counter((c.op, c.axis) for c in session4.comms() if c.rank == 0)
+    pred = {(p.op, p.axis): p.count for p in predict_comms(SPEC, session4.plan)}
+    assert counts[("all_reduce", "tp")] == pred[("all_reduce", "tp")] > 0
 
 
 def test_pp_p2p_bytes_equal_activations_times_microbatches(session4):

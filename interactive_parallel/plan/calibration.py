@@ -11,6 +11,8 @@ were taken (runtime/calibrate.py takes them).
 """
 from __future__ import annotations
 
+import dataclasses
+import statistics
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
@@ -148,7 +150,8 @@ def fit_profile(samples: Sequence[CalibrationSample], base: HardwareProfile | No
     GPU's free bytes), else from `base`. `device` and `cores_per_host` (the cores a host's
     ranks share; 0 for GPUs) default to the base's. With `spec` and its model steps among the
     samples (`rows` x `seq_len` each), op_overhead_s and step_overhead_s come from those steps
-    (what a real block costs per operation, not a chain of adds)."""
+    (what a real block costs per operation, not a chain of adds); with pipeline steps and handoff
+    bursts among them, pipeline_action_s and core_handoff_s (else the base's)."""
     if not samples:
         raise CalibrationError("no calibration samples: nothing to fit (did calibrate run on the ranks?)")
     top = slowest(samples)
@@ -177,13 +180,15 @@ def fit_profile(samples: Sequence[CalibrationSample], base: HardwareProfile | No
         peak_flops={**flops, **base.peak_flops} if base else dict(flops), memory_bytes=memory,
         memory_bandwidth=bandwidth, devices_per_host=per_host, links=links + kept, op_overhead_s=op_overhead,
         matmul_overhead_s=max(mm_fixed - op_overhead, 0.0), overlap=_overlap(top, base),
+        pipeline_action_s=base.pipeline_action_s if base else 0.0,
+        core_handoff_s=base.core_handoff_s if base else 0.0,
         device=device or (base.device if base else "cpu"),
         cores_per_host=cores_per_host if cores_per_host is not None else (base.cores_per_host if base else 0),
         source=f"calibrated {when} on {len(ranks)} ranks ({hosts}), {len(samples)} samples"
                + (f"; unmeasured fields from {base.name!r}" if base else ""))
     if spec is not None and len(steps) >= 2:
         fitted = _fit_model_steps(fitted, spec, steps, rows, seq_len)
-    return fitted
+    return _fit_pipeline(_fit_handoff(fitted, top, len(ranks)), top, len(ranks))
 
 
 def _fit_model_steps(profile: HardwareProfile, spec: ModelSpec, steps: dict[int, float], rows: int,
@@ -197,7 +202,6 @@ def _fit_model_steps(profile: HardwareProfile, spec: ModelSpec, steps: dict[int,
     factor: on a small model it corrects the dispatch costs, on a larger one the matmul rate;
     a residual fitted alone would be the difference of two noisy times). The one-layer step
     less its prediction is the loop's own cost per step."""
-    import dataclasses
 
     from .steptime import predict_step
 
@@ -224,19 +228,81 @@ def _fit_links(coll: list[CalibrationSample]) -> list[Link]:
     fitted to all its collectives."""
     groups: dict[tuple[str, str, int], list[CalibrationSample]] = {}
     for s in coll:
-        if s.op not in COLLECTIVE_OPS:
+        if s.op not in COLLECTIVE_OPS + ("recv",):
             raise CalibrationError(f"sample {s.name!r}: unknown collective {s.op!r}")
         groups.setdefault((s.link, s.op, s.size), []).append(s)
     links = []
     for (link, op, size), got in sorted(groups.items()):
         latency, rate = fit_line([(s.bytes * bus_factor(op, size), s.seconds) for s in got])
         links.append(Link(link=link, latency_s=latency, bandwidth=rate, op=op, size=size))
-        if op == "send":
+        if op == "send" and (link, "recv", size) not in groups:  # no waiting receiver timed: the send's
             links.append(Link(link=link, latency_s=latency, bandwidth=rate, op="recv", size=size))
     for link in sorted({s.link for s in coll}):
-        latency, rate = fit_line([(s.bytes * bus_factor(s.op, s.size), s.seconds) for s in coll if s.link == link])
+        latency, rate = fit_line([(s.bytes * bus_factor(s.op, s.size), s.seconds) for s in coll
+                                  if s.link == link and s.op != "recv"])
         links.append(Link(link=link, latency_s=latency, bandwidth=rate))
     return links
+
+
+def _fit_handoff(profile: HardwareProfile, top: list[CalibrationSample], world: int) -> HardwareProfile:
+    """core_handoff_s from the handoff bursts: a burst of L seconds with every rank busy takes
+    min(L, h) + (L - h) / v with half of them waiting, v the speed plan.pipeline_time.core_speed
+    gives half the ranks; h minimises the squared relative error over the lengths. Unchanged
+    without samples, or where the ranks do not share cores (v = 1)."""
+    got: dict[int, dict[int, float]] = {}
+    for s in (x for x in top if x.what == "handoff"):
+        got.setdefault(s.microbatches, {})[s.size] = s.seconds
+    pairs = [(d[world], d[world // 2]) for d in got.values() if world in d and world // 2 in d and d[world] > 0]
+    v = _speed_of_half(profile, world)
+    if not pairs or v <= 1.0 + 1e-9:
+        return profile
+
+    def error(h: float) -> float:
+        return sum(((min(busy, h) + max(busy - h, 0.0) / v) / alone - 1) ** 2 for busy, alone in pairs)
+
+    longest = max(busy for busy, _ in pairs)
+    best = min((longest * i / 400 for i in range(401)), key=error)
+    return dataclasses.replace(profile, core_handoff_s=best,
+                               source=profile.source + f"; core handoff from {len(pairs)} burst lengths")
+
+
+def _speed_of_half(profile: HardwareProfile, world: int) -> float:
+    """How much faster a rank computes with half its host's ranks waiting than with all busy."""
+    cores, host = profile.cores_per_host, min(profile.devices_per_host, world)
+    if not cores or host < 2:
+        return 1.0
+    return min(1.0, cores / max(1, host // 2)) / min(1.0, cores / host)
+
+
+def _fit_pipeline(profile: HardwareProfile, top: list[CalibrationSample], world: int) -> HardwareProfile:
+    """pipeline_action_s from the pipeline samples: per sample, the fixed cost per action whose
+    replay (plan.pipeline_time, 1F1B with every action costing it, the transfers the fitted
+    'recv' link, ranks sharing cores as the profile says) lasts the measured step, found by
+    bisection; their median. Unchanged without pipeline samples."""
+    from .pipeline_time import ActionCost, core_speed, simulate
+
+    costs = []
+    for s in (x for x in top if x.what == "pipeline"):
+        plan = Plan(pp=s.size, dp=world // s.size, microbatches=s.microbatches, pp_schedule="1f1b",
+                    batch_size=s.microbatches * (world // s.size), seq_len=1)
+        link = profile.link(s.link, "recv", 2)
+        speed = core_speed(plan, profile)
+
+        def replay(o: float, plan: Plan = plan, speed=speed, p2p: float = link.latency_s) -> float:
+            return simulate(plan, [ActionCost(o, o)] * plan.n_stages, p2p, speed, profile.core_handoff_s)[0]
+
+        lo, hi = 0.0, s.seconds
+        if replay(lo) >= s.seconds:
+            costs.append(0.0)
+            continue
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if replay(mid) < s.seconds else (lo, mid)
+        costs.append((lo + hi) / 2)
+    if not costs:
+        return profile
+    return dataclasses.replace(profile, pipeline_action_s=statistics.median(costs),
+                               source=profile.source + f"; {len(costs)} pipeline steps of near-empty stages")
 
 
 def _overlap(top: list[CalibrationSample], base: HardwareProfile | None) -> float:

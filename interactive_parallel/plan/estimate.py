@@ -114,7 +114,7 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
         stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
         ends = (0 in stages) + (plan.n_stages - 1 in stages or plan.pp == 1) if plan.loss_parallel else 0
         m = plan.n_microbatches if plan.pp > 1 else 1
-        add("all_reduce", "tp", (per_layer * layers + ends * m) * acc, (per_layer * layers + ends) * acc * act)
+        add("all_reduce", "tp", (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act)
     if plan.pp > 1:
         total, pp_rank, m = plan.n_stages, coords[MeshAxis.PP], plan.n_microbatches
         mine = plan.stage_ids(pp_rank)

@@ -59,12 +59,16 @@ H200 = HardwareProfile(
 # device is a rank's share of the machine. Rough figures of its kind (calibrate() measures the
 # real ones: run it before trusting a CPU prediction): fp32 matmuls at the tiny presets' shapes,
 # four at once; eager dispatch per operation with four processes on two cores; gloo collectives
-# of four ranks, a compute burst before each as in a step (bench/bench_steptime.py prints them).
+# of four ranks, a compute burst before each as in a step (bench/bench_steptime.py prints them);
+# a message to a pipeline neighbour already waiting for it (0.25-0.5 ms), torch's 1F1B schedule's
+# own cost per action (0.5-1.1 ms) and the Linux scheduler's handing of an idle rank's core to a
+# busy one (about 3 ms), as calibrate() measured them on such machines.
 CPU = HardwareProfile(
     name="cpu", flops={"fp32": 25e9, "bf16": 8e9, "fp16": 4e9}, peak_flops={"fp32": 25e9, "bf16": 25e9, "fp16": 25e9},
     memory_bytes=2 * 2**30, memory_bandwidth=2 * GB, devices_per_host=4, cores_per_host=2,
-    links=[Link("intra", 3e-3, 0.8 * GB), Link("inter", 5e-3, 0.1 * GB)],
-    op_overhead_s=30e-6, matmul_overhead_s=30e-6, overlap=0.0, device="cpu",
+    links=[Link("intra", 3e-3, 0.8 * GB), Link("inter", 5e-3, 0.1 * GB), Link("intra", 0.4e-3, 2.5 * GB, op="recv", size=2)],
+    op_overhead_s=30e-6, matmul_overhead_s=30e-6, overlap=0.0, device="cpu", pipeline_action_s=0.8e-3,
+    core_handoff_s=3e-3,
     source="2-core CPU machine, 4 ranks sharing the cores (gloo); rough: calibrate() for this machine's figures")
 
 PROFILES: dict[str, HardwareProfile] = {p.name: p for p in (CPU, A100, H100, H200)}

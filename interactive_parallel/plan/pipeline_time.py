@@ -26,10 +26,6 @@ class ActionCost:
     f: float
     b: float
     w: float = 0.0
-    fc: float = 0.0
-    """Of f, the seconds its tensor / context / expert collectives take (no faster for idle peers)."""
-    bc: float = 0.0
-    """Of b, the same."""
 
 
 def _orders(plan: Plan) -> dict[int, list[tuple[str, int, int]]]:
@@ -65,16 +61,18 @@ def _needs(action: str, stage: int, mb: int, last: int) -> tuple[str, int, int] 
 
 
 def simulate(plan: Plan, costs: list[ActionCost], p2p_s: float,
-             speed: Callable[[int], float] | None = None) -> tuple[float, dict[int, float]]:
+             speed: Callable[[int], float] | None = None, handoff_s: float = 0.0) -> tuple[float, dict[int, float]]:
     """(seconds of one pass of the pipeline schedule, pipeline rank -> seconds it computes).
 
     Each rank runs its actions in the schedule's order; an action starts once its rank is free
     and its input has arrived (a forward after the previous stage's forward of its microbatch, a
     backward after the next stage's, `p2p_s` later when another rank sent it). `speed(k)`: how
     fast an action runs while k ranks of the pipeline compute at once, relative to its cost (on
-    a CPU whose ranks share cores, idle ranks leave theirs to the busy ones); None: always 1."""
+    a CPU whose ranks share cores, idle ranks leave theirs to the busy ones); None: always 1.
+    `handoff_s`: how long an action computes at speed 1 before a core left idle speeds it (the
+    OS scheduler's time slice: an action shorter than that ends before the core changes hands)."""
     if speed is not None:
-        return _shared_cores(plan, costs, p2p_s, speed)
+        return _shared_cores(plan, costs, p2p_s, speed, handoff_s)
     orders, last = _orders(plan), plan.n_stages - 1
     owner = [plan.stage_owner(s) for s in range(plan.n_stages)]
     done: dict[tuple[str, int, int], float] = {}
@@ -103,15 +101,17 @@ def simulate(plan: Plan, costs: list[ActionCost], p2p_s: float,
     return max(free.values()), busy
 
 
-def _shared_cores(plan: Plan, costs: list[ActionCost], p2p_s: float,
-                  speed: Callable[[int], float]) -> tuple[float, dict[int, float]]:
-    """simulate's replay in time: each running action computes at speed(ranks computing), then
-    waits for its collectives at their own pace (a collective is no faster for idle peers)."""
+def _shared_cores(plan: Plan, costs: list[ActionCost], p2p_s: float, speed: Callable[[int], float],
+                  handoff_s: float = 0.0) -> tuple[float, dict[int, float]]:
+    """simulate's replay in time: each running action runs at speed 1 for its first `handoff_s`,
+    then at speed(ranks running). Its tensor / context / expert collectives too: their calibrated
+    cost is mostly the wait for peers that share cores with busy ranks, which idle ranks shorten
+    as they shorten compute."""
     orders, last = _orders(plan), plan.n_stages - 1
-    parts = {"F": lambda c: (c.f - c.fc, c.fc), "B": lambda c: (c.b - c.bc, c.bc), "W": lambda c: (c.w, 0.0)}
+    took = {"F": lambda c: c.f, "B": lambda c: c.b, "W": lambda c: c.w}
     done: dict[tuple[str, int, int], float] = {}
     nxt = {r: 0 for r in orders}
-    running: dict[int, list] = {}  # rank -> [key, compute left, collectives left]
+    running: dict[int, list] = {}  # rank -> [key, work left, run for]
     active = {r: 0.0 for r in orders}
     t = 0.0
     while any(nxt[r] < len(a) for r, a in orders.items()) or running:
@@ -125,7 +125,7 @@ def _shared_cores(plan: Plan, costs: list[ActionCost], p2p_s: float,
             if dep is not None and ready < math.inf and plan.stage_owner(dep[1]) != r:
                 ready += p2p_s
             if ready <= t + 1e-12:
-                running[r] = [key, *parts[key[0]](costs[key[1]])]
+                running[r] = [key, took[key[0]](costs[key[1]]), 0.0]
                 nxt[r] += 1
             elif ready < math.inf:
                 arrivals.append(ready)
@@ -134,17 +134,21 @@ def _shared_cores(plan: Plan, costs: list[ActionCost], p2p_s: float,
                 raise RuntimeError(f"the {plan.pp_schedule} order of {plan.describe()} waits on itself")
             t = min(arrivals)
             continue
-        v = speed(max(1, sum(1 for x in running.values() if x[1] > 1e-12)))
-        dt = min([x[1] / v if x[1] > 1e-12 else x[2] for x in running.values()] + [a - t for a in arrivals])
+        fast = speed(len(running))
+
+        def rate(x: list) -> float:
+            return fast if x[2] >= handoff_s - 1e-12 else 1.0
+
+        # the next event: an action ends, one reaches the handoff, or an input arrives
+        dt = min([min(x[1], handoff_s - x[2]) if rate(x) == 1.0 and fast != 1.0 else x[1] / rate(x)
+                  for x in running.values()] + [a - t for a in arrivals])
         t += dt
         for r in list(running):
             x = running[r]
-            if x[1] > 1e-12:
-                x[1] -= dt * v
-            else:
-                x[2] -= dt
+            x[1] -= dt * rate(x)
+            x[2] += dt
             active[r] += dt
-            if x[1] <= 1e-12 and x[2] <= 1e-12:
+            if x[1] <= 1e-12:
                 done[running.pop(r)[0]] = t
     return t, active
 

@@ -3,14 +3,15 @@
 Owns the seconds, per rank: compute (the FLOPs of every block's linears and attention, of the
 experts a token is routed to, of the head, counted from the same parameter inventory as the
 memory model (plan.inventory: tensor-parallel shards included), over the profile's FLOP rate,
-plus the fixed cost of every operation and the bytes elementwise work and the optimizer
-stream), communication (every collective plan.estimate.predict_comms lists: latency x count
-+ bytes x the collective's ring factor / the link's bandwidth, the link chosen per mesh axis
-by whether its group spans hosts), the pipeline bubble (the schedule's own order of forwards,
-backwards and weight halves replayed by plan.pipeline_time with each action's duration and
-the point-to-point transfer between stages), and what overlaps what (DDP's
-buckets with backward, FSDP2's prefetch, to the profile's `overlap`). Tensor, context and
-expert parallel collectives sit inside the forwards and backwards that wait for them.
+plus the fixed cost of every operation and the bytes elementwise work and the optimizer stream,
+plus a pipeline schedule's own cost per action), communication (every collective
+plan.estimate.predict_comms lists: latency x count + bytes x the collective's ring factor / the
+link's bandwidth, the link chosen per mesh axis by whether its group spans hosts), the pipeline
+bubble (the schedule's own order of forwards, backwards and weight halves replayed by
+plan.pipeline_time with each action's duration and the point-to-point transfer between stages),
+and what overlaps what (DDP's buckets with backward, FSDP2's prefetch, to the profile's
+`overlap`). Tensor, context and expert parallel collectives sit inside the forwards and
+backwards that wait for them.
 
 Model FLOPs for MFU: 6 x the parameters a token passes through (non-embedding, the head
 included; an MoE layer's routed experts only) + causal attention's 6 x layers x seq x width,
@@ -141,13 +142,14 @@ def stage_costs(spec: ModelSpec, plan: Plan, profile: HardwareProfile,
     counts = plan.layer_counts(spec.num_layers) if plan.pp > 1 else [spec.num_layers]
     out, last = [], len(counts) - 1
     held = {r: sum(counts[x] for x in plan.stage_ids(r)) for r in range(plan.pp)} if plan.pp > 1 else {0: counts[0]}
+    # the schedule's own cost per action (torch's bookkeeping, posting and waiting its transfers)
+    act = profile.pipeline_action_s if plan.pp > 1 else 0.0
     for s, layers in enumerate(counts):
         f, b = layers * fwd + (head_f if s == last else 0.0), layers * bwd + (head_b if s == last else 0.0)
         owner = plan.stage_owner(s) if plan.pp > 1 else 0
         share = in_action.get(owner, 0.0) * layers / max(1, held[owner])
-        f, b = f + share / 2, b + share / 2
-        out.append(ActionCost(f, b / 2, b / 2, share / 2, share / 2) if plan.zero_bubble
-                   else ActionCost(f, b, 0.0, share / 2, share / 2))
+        f, b = f + share / 2 + act, b + share / 2
+        out.append(ActionCost(f, b / 2 + act, b / 2 + act) if plan.zero_bubble else ActionCost(f, b + act))
     return out
 
 
@@ -199,16 +201,23 @@ def plan_seconds(spec: ModelSpec, plan: Plan, profile: HardwareProfile) -> dict[
         # a stage's collectives are its owner's: each pp rank's own share, per forward
         per_stage = stage_costs(spec, plan, profile, {p: inside[r] / forwards for p, r in enumerate(ranks)})
         act = spec.hidden_size * micro_rows(plan) * plan.seq_len // plan.cp * FP32
-        link = profile.link(link_of(plan, "pp", profile), "send", 2)
-        span, busy = simulate(plan, per_stage, link.latency_s + act / link.bandwidth, core_speed(plan, profile))
+        # a receiver already waiting's figure: the replay holds the wait for the sender's compute
+        link = profile.link(link_of(plan, "pp", profile), "recv", 2)
+        span, busy = simulate(plan, per_stage, link.latency_s + act / link.bandwidth, core_speed(plan, profile),
+                              profile.core_handoff_s)
     out = {}
     for r in ranks:
         pp_rank = mesh_coords(r, plan.mesh_shape)[MeshAxis.PP]
+        sped = 1.0  # the replayed share of the actions' costs (ranks sharing cores speed both halves)
         if plan.pp > 1:
             work, bubble = plan.grad_accum * busy[pp_rank], plan.grad_accum * (span - busy[pp_rank])
+            cost = plan.n_microbatches * sum(per_stage[x].f + per_stage[x].b + per_stage[x].w
+                                             for x in plan.stage_ids(pp_rank))
+            sped = busy[pp_rank] / cost if cost > 0 else 1.0
         else:
             c = stage_costs(spec, plan, profile, {0: inside[r] / forwards})[0]
             work, bubble = plan.grad_accum * (c.f + c.b + c.w), 0.0
+        inside[r] *= sped
         compute = work - inside[r] + _data_parallel_overhead(spec, plan, profile, r) + profile.step_overhead_s
         outside = sum(v for a, v in by_axis[r].items() if a not in IN_ACTION)
         # Overlappable: every bucket or unit but the last, behind the backward (DDP) or the other

@@ -63,6 +63,10 @@ class CalibrateOptions(Record):
     each collective is the matmul `burst`, else the one-layer model's forward and backward."""
     seq_len: int = 0
     """Tokens per sequence of those steps."""
+    pipeline: bool = True
+    """Time steps of torch's 1F1B schedule over near-empty stages, for every pipeline degree
+    dividing the world, pp and 2 pp microbatches (the fixed cost of a pipeline action), and
+    bursts of compute with half the ranks waiting (how soon an idle rank's core speeds a busy one)."""
 
     def __post_init__(self) -> None:
         # from_dict and JSON bring lists; the record is frozen and compared, so tuples throughout.

@@ -18,7 +18,7 @@ from .base import Record
 LinkClass = Literal["intra", "inter"]
 """Where the ranks of a group sit: all on one host ('intra': shared memory, NVLink) or on
 several ('inter': the network between hosts)."""
-SampleKind = Literal["matmul", "op", "collective", "step"]
+SampleKind = Literal["matmul", "op", "collective", "step", "pipeline", "handoff"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class HardwareProfile(Record):
     """CPU cores the devices of a host share (a rank computes on one thread): the rates above were
     measured with every device busy, and an idle rank leaves its core to the others; 0 where each
     device computes alone (GPUs)."""
+    core_handoff_s: float = 0.0
+    """Where ranks share cores: how long a rank computes before a core another rank left idle
+    speeds it (the OS scheduler's time slice); work shorter than that runs at the every-rank-busy
+    rate. 0: at once."""
     links: list[Link] = field(default_factory=list)
     """One per link class at least ('*' ops, size 0); calibration adds one per (op, group size)."""
     op_overhead_s: float = 0.0
@@ -67,6 +71,11 @@ class HardwareProfile(Record):
     """Fixed cost of one optimizer step beyond its operations: the training loop's own work
     (the batch, the loss's reduction, zero_grad), measured on a model step; 0 on GPUs, where the
     host runs ahead of the device."""
+    pipeline_action_s: float = 0.0
+    """Fixed cost of one action of a pipeline schedule (a microbatch's forward, backward or weight
+    half on a stage) beyond its operations: the schedule's own bookkeeping, the posting and
+    waiting of its point-to-point transfers; measured on a pipeline of near-empty stages. 0 on
+    GPUs, where the host runs ahead of the device."""
     overlap: float = 1.0
     """Share of the communication that runs hidden behind compute where the runtime overlaps the
     two (DDP's buckets with backward, FSDP's prefetch): 1 with a separate copy engine (GPUs),
@@ -101,7 +110,10 @@ class CalibrationSample(Record):
     op: str = ""
     """A collective's name."""
     size: int = 0
-    """A collective's group size; a model step's decoder layers."""
+    """A collective's group size; a model step's decoder layers; a pipeline's stages; the ranks
+    computing a handoff burst at once."""
+    microbatches: int = 0
+    """A pipeline step's microbatches; a handoff burst's matmuls."""
     link: LinkClass = "intra"
     precision: str = "fp32"
 

@@ -86,9 +86,9 @@ class _Timer:
 
 
 def calibrate(options: CalibrateOptions, spec=None) -> list[CalibrationSample]:
-    """This rank's samples: matmuls, elementwise chains, training steps of `spec` (a ModelSpec)
-    cut to one and to three decoder layers, collectives, overlap (a collective call: every rank of
-    the default group runs it with the same options)."""
+    """This rank's samples: matmuls, elementwise chains, training steps of `spec` (a ModelSpec) cut to
+    one and to three decoder layers, collectives, overlap, pipeline steps (a collective call:
+    every rank of the default group runs it with the same options)."""
     st = _state.get()
     world = dist.get_world_size()
     problems = options.problems(world)
@@ -109,6 +109,10 @@ def calibrate(options: CalibrateOptions, spec=None) -> list[CalibrationSample]:
     with torch.no_grad():
         samples += _collectives(options, timer, rank, world, hosts, device, burst)
         samples += _overlap(options, timer, rank, world, hosts, device)
+    if options.pipeline:
+        samples += _pipeline(options, timer, rank, world, hosts, device)
+        if world % 2 == 0:
+            samples += _handoff(options, timer, rank, world, device, _burst(options, device))
     return samples
 
 
@@ -208,8 +212,116 @@ def _collectives(options: CalibrateOptions, timer: _Timer, rank: int, world: int
                         out.append(CalibrationSample(
                             rank=rank, what="collective", name=f"{op} g{n} {label} {link} {nbytes}",
                             seconds=seconds, bytes=_full_bytes(nbytes, n), op=op, size=n, link=link))
+                        if op == "send":
+                            seconds = _to_waiting_receiver(timer, burst, nbytes, mine, pg, rank, device, options.repeats)
+                            out.append(CalibrationSample(
+                                rank=rank, what="collective", name=f"recv g{n} {label} {link} {nbytes}",
+                                seconds=seconds, bytes=_full_bytes(nbytes, n), op="recv", size=n, link=link))
             finally:
                 dist.destroy_process_group(pg)
+    return out
+
+
+def _to_waiting_receiver(timer: _Timer, burst: Callable[[], object], nbytes: int, group: list[int], pg, rank: int,
+                         device: torch.device, repeats: int) -> float:
+    """Median seconds a message takes to a receiver already waiting for it, a pipeline's case
+    (the schedule's replay holds the wait for the sender's compute; `send` after a burst on both
+    sides holds the skew between two busy ranks too): the group's first rank computes a burst,
+    then times the message and its echo from the second rank, which only waits and answers,
+    and halves it. Both ranks report the first rank's figure."""
+    first, second = group
+    buf = torch.ones(_full_bytes(nbytes, 2) // _FLOAT, device=device)
+    times = []
+    dist.barrier()
+    for i in range(_COLLECTIVE_TIMES * repeats + 1):
+        if rank == first:
+            burst()
+            t0 = timer.now()
+            dist.send(buf, dst=second, group=pg)
+            dist.recv(buf, src=second, group=pg)
+            if i:
+                times.append((timer.now() - t0) / 2)
+        else:
+            dist.recv(buf, src=first, group=pg)
+            dist.send(buf, dst=first, group=pg)
+    figure = torch.tensor([statistics.median(times) if times else 0.0], device=device, dtype=torch.float64)
+    dist.broadcast(figure, src=first, group=pg)
+    return float(figure.item())
+
+
+def _pipeline(options: CalibrateOptions, timer: _Timer, rank: int, world: int, hosts: list,
+              device: torch.device) -> list[CalibrationSample]:
+    """Steps of torch's own 1F1B schedule over stages of one 8-wide linear (their compute
+    negligible), for every pipeline degree n > 1 dividing the world, on every layout of its
+    groups (all pipelines at once, as data-parallel pipelines run) with n and 2 n microbatches:
+    what a schedule costs beyond its stages' work (plan.calibration fits a fixed cost per
+    action to it through the schedule's replay)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    out = []
+    for n in (k for k in range(2, world + 1) if world % k == 0):
+        for label, groups in layouts(world, n):
+            made = [(g, dist.new_group(g)) for g in groups]
+            mine, pg = next((g, p) for g, p in made if rank in g)
+            try:
+                index = mine.index(rank)
+                for m in (n, 2 * n):
+                    stage = PipelineStage(torch.nn.Linear(8, 8, device=device), index, n, device, group=pg)
+                    schedule = Schedule1F1B(stage, m, loss_fn=lambda y, target: y.sum())
+                    x = torch.randn(m, 8, device=device)
+                    run = ((lambda s=schedule: s.step(x)) if index == 0 else
+                           (lambda s=schedule: s.step(target=x)) if index == n - 1 else (lambda s=schedule: s.step()))
+                    seconds = timer.median(run, 2 * options.repeats, dist.barrier)
+                    out.append(CalibrationSample(rank=rank, what="pipeline", name=f"1f1b pp{n} m{m} {label}",
+                                                 seconds=seconds, size=n, microbatches=m, link=_link(mine, hosts)))
+            finally:
+                dist.destroy_process_group(pg)
+    return out
+
+
+HANDOFF_S = (0.002, 0.005, 0.01, 0.02, 0.04)
+"""Lengths of the bursts timed for the core handoff, in seconds of every-rank-busy compute."""
+
+
+def _handoff(options: CalibrateOptions, timer: _Timer, rank: int, world: int, device: torch.device,
+             burst: Callable[[], object]) -> list[CalibrationSample]:
+    """Bursts of k matmuls timed with every rank computing, and with the second rank of each
+    consecutive pair waiting in a recv: where ranks share cores, the lone bursts run faster once
+    the scheduler hands them the waiting ranks' cores (plan.calibration fits how soon). Both
+    ranks of a pair report the computing rank's time."""
+    t_one = timer.per_call(burst, options.repeats, options.batch_s)
+    pairs = layouts(world, 2)[0][1]
+    made = [(g, dist.new_group(g)) for g in pairs]
+    mine, pg = next((g, p) for g, p in made if rank in g)
+    out = []
+    flag = torch.zeros(1, device=device)
+    try:
+        for target in HANDOFF_S:
+            k = torch.tensor([max(1, round(target / max(t_one, 1e-9)))], device=device)
+            dist.all_reduce(k, op=dist.ReduceOp.MAX)
+            k = int(k.item())
+            for alone in (False, True):
+                times = []
+                for i in range(options.repeats + 1):
+                    dist.barrier()
+                    if alone and rank != mine[0]:
+                        dist.recv(flag, src=mine[0], group=pg)
+                        continue
+                    t0 = timer.now()
+                    for _ in range(k):
+                        burst()
+                    if i:
+                        times.append(timer.now() - t0)
+                    if alone:
+                        dist.send(flag, dst=mine[1], group=pg)
+                figure = torch.tensor([statistics.median(times) if times else 0.0], device=device, dtype=torch.float64)
+                dist.broadcast(figure, src=mine[0], group=pg)
+                busy = world // 2 if alone else world
+                out.append(CalibrationSample(rank=rank, what="handoff", name=f"burst x{k} on {busy} ranks",
+                                             seconds=float(figure.item()), size=busy, microbatches=k))
+    finally:
+        for _, p in made:
+            dist.destroy_process_group(p)
     return out
 
 
