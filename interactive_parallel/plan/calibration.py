@@ -249,11 +249,15 @@ def _fit_handoff(profile: HardwareProfile, top: list[CalibrationSample], world: 
     min(L, h) + (L - h) / v with half of them waiting, v the speed plan.pipeline_time.core_speed
     gives half the ranks; h minimises the squared relative error over the lengths. Unchanged
     without samples, or where the ranks do not share cores (v = 1)."""
+    from .pipeline_time import core_speed
+
     got: dict[int, dict[int, float]] = {}
     for s in (x for x in top if x.what == "handoff"):
         got.setdefault(s.microbatches, {})[s.size] = s.seconds
     pairs = [(d[world], d[world // 2]) for d in got.values() if world in d and world // 2 in d and d[world] > 0]
-    v = _speed_of_half(profile, world)
+    # the bursts' layout as a pipeline: pairs of 2 stages, one rank of each pair computing
+    speed = core_speed(Plan(pp=2, dp=world // 2), profile) if world >= 2 else None
+    v = speed(1) if speed is not None else 1.0
     if not pairs or v <= 1.0 + 1e-9:
         return profile
 
@@ -264,14 +268,6 @@ def _fit_handoff(profile: HardwareProfile, top: list[CalibrationSample], world: 
     best = min((longest * i / 400 for i in range(401)), key=error)
     return dataclasses.replace(profile, core_handoff_s=best,
                                source=profile.source + f"; core handoff from {len(pairs)} burst lengths")
-
-
-def _speed_of_half(profile: HardwareProfile, world: int) -> float:
-    """How much faster a rank computes with half its host's ranks waiting than with all busy."""
-    cores, host = profile.cores_per_host, min(profile.devices_per_host, world)
-    if not cores or host < 2:
-        return 1.0
-    return min(1.0, cores / max(1, host // 2)) / min(1.0, cores / host)
 
 
 def _fit_pipeline(profile: HardwareProfile, top: list[CalibrationSample], world: int) -> HardwareProfile:

@@ -217,14 +217,14 @@ def plan_seconds(spec: ModelSpec, plan: Plan, profile: HardwareProfile) -> dict[
         else:
             c = stage_costs(spec, plan, profile, {0: inside[r] / forwards})[0]
             work, bubble = plan.grad_accum * (c.f + c.b + c.w), 0.0
-        inside[r] *= sped
-        compute = work - inside[r] + _data_parallel_overhead(spec, plan, profile, r) + profile.step_overhead_s
+        waited = inside[r] * sped
+        compute = work - waited + _data_parallel_overhead(spec, plan, profile, r) + profile.step_overhead_s
         outside = sum(v for a, v in by_axis[r].items() if a not in IN_ACTION)
         # Overlappable: every bucket or unit but the last, behind the backward (DDP) or the other
         # units' compute (FSDP's prefetch, replicate's per-unit reduction); not pp's end-of-step ones.
         units = max(1, spec.num_layers // plan.pp)
         hidden = 0.0 if plan.pp > 1 else profile.overlap * min(outside * (1 - 1 / (units + 1)), compute)
-        out[r] = {"compute": compute, "comm": inside[r] + outside - hidden, "bubble": bubble,
+        out[r] = {"compute": compute, "comm": waited + outside - hidden, "bubble": bubble,
                   **{f"axis:{a}": v for a, v in by_axis[r].items()}}
     return out
 

@@ -8,15 +8,14 @@ in batches long enough for that sharing to show, elementwise ops forward and bac
 autograd as training runs them. A collective is timed right after a compute burst on every
 rank (its cost: burst + call minus the burst), all groups of one size busy at once, because
 in a step a collective also waits for the slowest rank's compute. Groups are made with
-new_group on every rank in one order and destroyed after. Knows nothing of the client, of
+new_group on every rank in one order and destroyed after (runtime.measure); the pipeline and
+core-handoff measurements are runtime.calibrate_pipeline's. Knows nothing of the client, of
 models (the options carry the shapes) or of how the samples are fitted.
 """
 from __future__ import annotations
 
 import contextlib
-import math
 import statistics
-import time
 from typing import Callable
 
 import torch
@@ -24,9 +23,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..records.calibration import OVERLAP_BOTH, OVERLAP_COLLECTIVE, OVERLAP_MATMUL, CalibrateOptions
-from ..records.hardware import CalibrationSample, LinkClass
+from ..records.hardware import CalibrationSample
 from . import state as _state
+from .calibrate_pipeline import handoff_bursts, pipeline_steps
 from .dist import torch_device
+from .measure import Timer, first_ranks_figure, layouts, link_class, my_group
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # torch 2.13 renamed the tensor forms (the old names warn); older torch has only those.
@@ -41,50 +42,6 @@ against a step's noise on a small model."""
 _FLOAT = 4  # bytes of an fp32 element: every buffer here is fp32 (autocast casts inside the matmul)
 
 
-class _Timer:
-    """perf_counter readings that wait for the device first (CUDA runs asynchronously)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-
-    def now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def median(self, fn: Callable[[], object], repeats: int, before: Callable[[], object] | None = None) -> float:
-        """Median seconds of fn() over `repeats` calls after one warm-up; `before` runs untimed
-        ahead of each (a barrier keeps the ranks measuring the same thing together)."""
-        times = []
-        for i in range(repeats + 1):
-            if before is not None:
-                before()
-            t0 = self.now()
-            fn()
-            t1 = self.now()
-            if i:
-                times.append(t1 - t0)
-        return statistics.median(times)
-
-    def per_call(self, fn: Callable[[], object], repeats: int, batch_s: float) -> float:
-        """Median seconds per call of fn() called back to back for at least `batch_s`, every rank
-        at once from one barrier, over `repeats` batches. A batch spans several of the OS's time
-        slices, so where ranks share cores each call's time holds its share of the waiting, as
-        in a step where every rank computes; one lone call would mostly run unshared."""
-        dist.barrier()
-        fn()
-        t0 = self.now()
-        fn()
-        n = max(1, math.ceil(batch_s / max(self.now() - t0, 1e-7)))
-        times = []
-        for _ in range(repeats):
-            t0 = self.now()
-            for _ in range(n):
-                fn()
-            times.append((self.now() - t0) / n)
-        return statistics.median(times)
-
-
 def calibrate(options: CalibrateOptions, spec=None) -> list[CalibrationSample]:
     """This rank's samples: matmuls, elementwise chains, training steps of `spec` (a ModelSpec) cut to
     one and to three decoder layers, collectives, overlap, pipeline steps (a collective call:
@@ -95,7 +52,7 @@ def calibrate(options: CalibrateOptions, spec=None) -> list[CalibrationSample]:
     if problems:
         raise ValueError(f"rank {st.rank}: calibrate options refused: " + "; ".join(problems))
     device = torch_device(st.device, st.gpu)
-    timer = _Timer(device)
+    timer = Timer(device)
     hosts: list = [None] * world
     dist.all_gather_object(hosts, st.host)
     rank = dist.get_rank()
@@ -110,9 +67,9 @@ def calibrate(options: CalibrateOptions, spec=None) -> list[CalibrationSample]:
         samples += _collectives(options, timer, rank, world, hosts, device, burst)
         samples += _overlap(options, timer, rank, world, hosts, device)
     if options.pipeline:
-        samples += _pipeline(options, timer, rank, world, hosts, device)
+        samples += pipeline_steps(options, timer, rank, world, hosts, device)
         if world % 2 == 0:
-            samples += _handoff(options, timer, rank, world, device, _burst(options, device))
+            samples += handoff_bursts(options, timer, rank, world, device, _burst(options, device))
     return samples
 
 
@@ -126,7 +83,7 @@ def _autocast(device: torch.device, precision: str):
     return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
 
 
-def _matmuls(options: CalibrateOptions, timer: _Timer, rank: int, device: torch.device) -> list[CalibrationSample]:
+def _matmuls(options: CalibrateOptions, timer: Timer, rank: int, device: torch.device) -> list[CalibrationSample]:
     out = []
     for precision in options.precisions:
         for tokens in options.tokens:
@@ -167,7 +124,7 @@ def elementwise_chain(n: int, device: torch.device, pairs: int = 4) -> Callable[
     return chain
 
 
-def _elementwise(options: CalibrateOptions, timer: _Timer, rank: int, device: torch.device) -> list[CalibrationSample]:
+def _elementwise(options: CalibrateOptions, timer: Timer, rank: int, device: torch.device) -> list[CalibrationSample]:
     """Per aten operation, an elementwise chain run forward and backward with autograd, as a
     step runs its norms and activations: the fixed cost of one operation in training
     (dispatch, autograd, its engine) is several times that of one add without autograd,
@@ -181,28 +138,14 @@ def _elementwise(options: CalibrateOptions, timer: _Timer, rank: int, device: to
     return out
 
 
-def layouts(world: int, n: int) -> list[tuple[str, list[list[int]]]]:
-    """The groups of `n` ranks a mesh makes of `world`: consecutive ([0, 1], [2, 3]) and strided
-    ([0, 2], [1, 3]); one layout when they are the same (n = world)."""
-    consecutive = [list(range(i, i + n)) for i in range(0, world, n)]
-    strided = [list(range(j, world, world // n)) for j in range(world // n)]
-    return [("consecutive", consecutive)] + ([("strided", strided)] if strided != consecutive else [])
-
-
-def _link(group: list[int], hosts: list) -> LinkClass:
-    return "intra" if len({hosts[r] for r in group}) == 1 else "inter"
-
-
-def _collectives(options: CalibrateOptions, timer: _Timer, rank: int, world: int, hosts: list,
+def _collectives(options: CalibrateOptions, timer: Timer, rank: int, world: int, hosts: list,
                  device: torch.device, burst: Callable[[], object]) -> list[CalibrationSample]:
     sizes = options.group_sizes or tuple(n for n in range(2, world + 1) if world % n == 0)
     out = []
     for n in sizes:
         for label, groups in layouts(world, n):
-            made = [(g, dist.new_group(g)) for g in groups]  # every rank makes every group, in one order
-            mine, pg = next((g, p) for g, p in made if rank in g)
-            try:
-                link = _link(mine, hosts)
+            with my_group(groups, rank) as (mine, pg):
+                link = link_class(mine, hosts)
                 for op in options.ops:
                     if op == "send" and n != 2:
                         continue
@@ -213,16 +156,15 @@ def _collectives(options: CalibrateOptions, timer: _Timer, rank: int, world: int
                             rank=rank, what="collective", name=f"{op} g{n} {label} {link} {nbytes}",
                             seconds=seconds, bytes=_full_bytes(nbytes, n), op=op, size=n, link=link))
                         if op == "send":
-                            seconds = _to_waiting_receiver(timer, burst, nbytes, mine, pg, rank, device, options.repeats)
+                            seconds = _to_waiting_receiver(timer, burst, nbytes, mine, pg, rank, device,
+                                                           options.repeats)
                             out.append(CalibrationSample(
                                 rank=rank, what="collective", name=f"recv g{n} {label} {link} {nbytes}",
                                 seconds=seconds, bytes=_full_bytes(nbytes, n), op="recv", size=n, link=link))
-            finally:
-                dist.destroy_process_group(pg)
     return out
 
 
-def _to_waiting_receiver(timer: _Timer, burst: Callable[[], object], nbytes: int, group: list[int], pg, rank: int,
+def _to_waiting_receiver(timer: Timer, burst: Callable[[], object], nbytes: int, group: list[int], pg, rank: int,
                          device: torch.device, repeats: int) -> float:
     """Median seconds a message takes to a receiver already waiting for it, a pipeline's case
     (the schedule's replay holds the wait for the sender's compute; `send` after a burst on both
@@ -244,88 +186,10 @@ def _to_waiting_receiver(timer: _Timer, burst: Callable[[], object], nbytes: int
         else:
             dist.recv(buf, src=first, group=pg)
             dist.send(buf, dst=first, group=pg)
-    figure = torch.tensor([statistics.median(times) if times else 0.0], device=device, dtype=torch.float64)
-    dist.broadcast(figure, src=first, group=pg)
-    return float(figure.item())
+    return first_ranks_figure(times, first, pg, device)
 
 
-def _pipeline(options: CalibrateOptions, timer: _Timer, rank: int, world: int, hosts: list,
-              device: torch.device) -> list[CalibrationSample]:
-    """Steps of torch's own 1F1B schedule over stages of one 8-wide linear (their compute
-    negligible), for every pipeline degree n > 1 dividing the world, on every layout of its
-    groups (all pipelines at once, as data-parallel pipelines run) with n and 2 n microbatches:
-    what a schedule costs beyond its stages' work (plan.calibration fits a fixed cost per
-    action to it through the schedule's replay)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
-    out = []
-    for n in (k for k in range(2, world + 1) if world % k == 0):
-        for label, groups in layouts(world, n):
-            made = [(g, dist.new_group(g)) for g in groups]
-            mine, pg = next((g, p) for g, p in made if rank in g)
-            try:
-                index = mine.index(rank)
-                for m in (n, 2 * n):
-                    stage = PipelineStage(torch.nn.Linear(8, 8, device=device), index, n, device, group=pg)
-                    schedule = Schedule1F1B(stage, m, loss_fn=lambda y, target: y.sum())
-                    x = torch.randn(m, 8, device=device)
-                    run = ((lambda s=schedule: s.step(x)) if index == 0 else
-                           (lambda s=schedule: s.step(target=x)) if index == n - 1 else (lambda s=schedule: s.step()))
-                    seconds = timer.median(run, 2 * options.repeats, dist.barrier)
-                    out.append(CalibrationSample(rank=rank, what="pipeline", name=f"1f1b pp{n} m{m} {label}",
-                                                 seconds=seconds, size=n, microbatches=m, link=_link(mine, hosts)))
-            finally:
-                dist.destroy_process_group(pg)
-    return out
-
-
-HANDOFF_S = (0.002, 0.005, 0.01, 0.02, 0.04)
-"""Lengths of the bursts timed for the core handoff, in seconds of every-rank-busy compute."""
-
-
-def _handoff(options: CalibrateOptions, timer: _Timer, rank: int, world: int, device: torch.device,
-             burst: Callable[[], object]) -> list[CalibrationSample]:
-    """Bursts of k matmuls timed with every rank computing, and with the second rank of each
-    consecutive pair waiting in a recv: where ranks share cores, the lone bursts run faster once
-    the scheduler hands them the waiting ranks' cores (plan.calibration fits how soon). Both
-    ranks of a pair report the computing rank's time."""
-    t_one = timer.per_call(burst, options.repeats, options.batch_s)
-    pairs = layouts(world, 2)[0][1]
-    made = [(g, dist.new_group(g)) for g in pairs]
-    mine, pg = next((g, p) for g, p in made if rank in g)
-    out = []
-    flag = torch.zeros(1, device=device)
-    try:
-        for target in HANDOFF_S:
-            k = torch.tensor([max(1, round(target / max(t_one, 1e-9)))], device=device)
-            dist.all_reduce(k, op=dist.ReduceOp.MAX)
-            k = int(k.item())
-            for alone in (False, True):
-                times = []
-                for i in range(options.repeats + 1):
-                    dist.barrier()
-                    if alone and rank != mine[0]:
-                        dist.recv(flag, src=mine[0], group=pg)
-                        continue
-                    t0 = timer.now()
-                    for _ in range(k):
-                        burst()
-                    if i:
-                        times.append(timer.now() - t0)
-                    if alone:
-                        dist.send(flag, dst=mine[1], group=pg)
-                figure = torch.tensor([statistics.median(times) if times else 0.0], device=device, dtype=torch.float64)
-                dist.broadcast(figure, src=mine[0], group=pg)
-                busy = world // 2 if alone else world
-                out.append(CalibrationSample(rank=rank, what="handoff", name=f"burst x{k} on {busy} ranks",
-                                             seconds=float(figure.item()), size=busy, microbatches=k))
-    finally:
-        for _, p in made:
-            dist.destroy_process_group(p)
-    return out
-
-
-def _model_steps(spec, options: CalibrateOptions, timer: _Timer, rank: int,
+def _model_steps(spec, options: CalibrateOptions, timer: Timer, rank: int,
                  device: torch.device) -> tuple[list[CalibrationSample], Callable[[], object]]:
     """Training steps (forward, backward, AdamW) of `spec` cut to MODEL_LAYERS decoder layers, on
     `options.rows` sequences: their difference is its blocks as the runtime's code runs them
@@ -366,7 +230,7 @@ def _burst(options: CalibrateOptions, device: torch.device) -> Callable[[], obje
     return lambda: F.linear(x, w)
 
 
-def _after_burst(timer: _Timer, burst: Callable[[], object], call: Callable[[], object], repeats: int) -> float:
+def _after_burst(timer: Timer, burst: Callable[[], object], call: Callable[[], object], repeats: int) -> float:
     """Median seconds a collective takes right after a compute burst on every rank ((burst +
     call) minus the burst, on one rank), rounds of the two run back to back from one barrier,
     as a tensor-parallel step alternates them: the call waits there for the slowest rank's
@@ -411,7 +275,7 @@ def _call(op: str, nbytes: int, group: list[int], pg, rank: int, device: torch.d
     raise ValueError(f"collective {op!r} is not one calibrate times")
 
 
-def _overlap(options: CalibrateOptions, timer: _Timer, rank: int, world: int, hosts: list,
+def _overlap(options: CalibrateOptions, timer: Timer, rank: int, world: int, hosts: list,
              device: torch.device) -> list[CalibrationSample]:
     """A compute burst alone, an all_reduce of the world alone, and the all_reduce started
     asynchronously before the burst and waited for after it, interleaved. The burst is as many
@@ -444,7 +308,7 @@ def _overlap(options: CalibrateOptions, timer: _Timer, rank: int, world: int, ho
             t1 = timer.now()
             if i:
                 times[op].append(t1 - t0)
-    link = _link(list(range(world)), hosts)
+    link = link_class(list(range(world)), hosts)
     tokens, fan_in, fan_out = options.burst
     nbytes = buf.numel() * _FLOAT
     return [CalibrationSample(rank=rank, what="collective", name=f"{op} g{world} {link} {nbytes}",
