@@ -236,15 +236,7 @@ def _after_burst(timer: Timer, burst: Callable[[], object], call: Callable[[], o
     as a tensor-parallel step alternates them: the call waits there for the slowest rank's
     burst, and the groups of a layout run side by side."""
     dist.barrier()
-    times = []
-    for i in range(_COLLECTIVE_TIMES * repeats + 1):
-        burst()
-        t0 = timer.now()
-        call()
-        t1 = timer.now()
-        if i:
-            times.append(t1 - t0)
-    return statistics.median(times)
+    return timer.median(call, _COLLECTIVE_TIMES * repeats, before=burst)
 
 
 def _full_bytes(nbytes: int, n: int) -> int:
