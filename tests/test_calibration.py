@@ -3,6 +3,8 @@ incomplete samples by name; the options follow the model's shapes; on a live ses
 ranks measure a profile the step-time model accepts, and the ranks work on afterwards."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from interactive_parallel.plan import PRESETS, Plan
@@ -189,6 +191,50 @@ def test_the_chain_has_the_operations_it_is_divided_by():
     assert Count.ops == chain_ops()
     assert layouts(4, 2) == [("consecutive", [[0, 1], [2, 3]]), ("strided", [[0, 2], [1, 3]])]
     assert layouts(4, 4) == [("consecutive", [[0, 1, 2, 3]])]
+
+
+@pytest.mark.pure
+def test_the_anchor_makes_the_measured_plan_exact_and_never_goes_negative():
+    from interactive_parallel.plan.calibration import anchor_step_overhead
+    from interactive_parallel.plan.steptime import predict_step
+
+    spec, plan, cpu = PRESETS["tiny-llama"], Plan(dp=4, batch_size=8, seq_len=64), get_profile("cpu")
+    bare = predict_step(spec, plan, dataclasses.replace(cpu, step_overhead_s=0.0), memory=False).seconds
+    anchored = anchor_step_overhead(cpu, spec, plan, bare + 0.010, steps=5)
+    assert anchored.step_overhead_s == pytest.approx(0.010)
+    assert predict_step(spec, plan, anchored, memory=False).seconds == pytest.approx(bare + 0.010)
+    assert "5 measured steps of" in anchored.source and anchored.flops == cpu.flops
+    # one fixed cost per step: another plan's prediction grows by it, not by a share
+    other = Plan(tp=4, batch_size=8, seq_len=64)
+    gain = predict_step(spec, other, anchored, memory=False).seconds - predict_step(
+        spec, other, dataclasses.replace(cpu, step_overhead_s=0.0), memory=False).seconds
+    assert gain == pytest.approx(0.010, rel=1e-6)
+    assert anchor_step_overhead(cpu, spec, plan, bare / 2, steps=5).step_overhead_s == 0.0
+    with pytest.raises(CalibrationError, match="measured steps"):
+        anchor_step_overhead(cpu, spec, plan, 0.0, steps=0)
+
+
+@pytest.mark.pure
+def test_run_times_are_the_latest_unbroken_run_of_the_plan():
+    from interactive_parallel.cluster.telemetry import Telemetry
+    from interactive_parallel.records import StepRecord
+    from interactive_parallel.viz.plans import step_times
+
+    t = Telemetry()
+
+    def steps(plan: str, first: int, times: list[float], ranks: int = 2) -> None:
+        for i, x in enumerate(times):
+            t.add_step([StepRecord(rank=r, step=first + i, loss=1.0, tokens=8, time_s=x * (1 + r), plan=plan)
+                        for r in range(ranks)])
+
+    steps("dp4", 0, [9.0, 1.0, 1.0])        # another model's run (load_model restarts the steps)
+    steps("dp4", 0, [5.0, 2.0, 3.0, 4.0])   # this model: the first step left out, the slowest rank
+    assert t.run_times("dp4") == [4.0, 6.0, 8.0]
+    assert step_times(t.history, "dp4") == [(0, 10.0), (1, 4.0), (2, 6.0), (3, 8.0)]  # the figure's points
+    steps("tp4", 4, [1.0, 1.0])  # a later plan's steps are passed over
+    assert t.run_times("dp4") == [4.0, 6.0, 8.0] and t.run_times("tp4") == [2.0]
+    steps("dp4", 6, [7.0, 1.0, 1.0])
+    assert t.run_times("dp4") == [2.0, 2.0]  # back to dp4: a new run
 
 
 @pytest.mark.session

@@ -2,15 +2,21 @@
 step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, cp and their
 pairs), small-llama and tiny-llama, probes off. One live session for the module.
 
-The bounds: the typical plan (the median of |predicted / measured - 1| over the plans) within
+The bounds: the typical plan (the median of |predicted / measured - 1| over the plans but the
+anchor, below) within
 TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its measured median, both models.
 On a quiet machine every plan comes within about 25 % (the README's table: bench/bench_steptime.py),
 but one plan's median moves by tens of percent with the machine's load, so the per-plan bound
 catches a model wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and
 the typical one a model off in degree.
-A plan outside its bound is measured once more, and if any stays outside the ranks are calibrated
-again and those plans measured a third time before the test fails (a shared machine's load moves
-a median, and a calibration, by tens of percent); the ratio is asserted, never a wall-clock figure.
+Each calibration follows a run of dp4, the anchor: its measured steps give the profile the
+runtime loop's per-step cost (what a bare model step does not run), so dp4's own gap is near 0 by
+construction and the other ten are the predictions under test.
+A plan outside its bound is measured once more. A round (calibrate, then measure every plan) that
+misses a bound is followed by another, up to ROUNDS: a calibration taken while the machine was
+quieter or busier than during the measurements skews every prediction one way (under a steady
+load the calibration follows it; under a load that comes and goes it may not). The ratio is
+asserted, never a wall-clock figure.
 """
 from __future__ import annotations
 
@@ -28,8 +34,11 @@ PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "tp4": dict(tp=4), "pp4": dic
          "pp2xtp2": dict(pp=2, tp=2), "pp2xdp2": dict(pp=2, dp=2), "cp2xdp2": dict(cp=2, dp=2),
          "cp2xtp2": dict(cp=2, tp=2)}
 BATCH = dict(batch_size=8, seq_len=64)
+ANCHOR = PLANS["dp4"]
+"""The plan whose measured steps give the calibration its per-step cost (Session.calibrate)."""
 BOUND = 2.5
 TYPICAL = 0.25
+ROUNDS = 3
 WARMUP, STEPS = 2, 5
 
 
@@ -46,35 +55,45 @@ def _measured(s, plan: Plan) -> float:
     return statistics.median(per_step.values())
 
 
+def _round(s) -> tuple[HardwareProfile, dict[str, float]]:
+    """Steps of the anchor plan, calibrate, then {plan name: predicted / measured - 1} for every plan."""
+    _measured(s, Plan(**ANCHOR, **BATCH))
+    profile = s.calibrate()
+    assert isinstance(profile, HardwareProfile) and s.calibrated is profile and profile.step_overhead_s >= 0
+    assert f"{STEPS + WARMUP - 1} measured steps of {Plan(**ANCHOR, **BATCH).describe()}" in profile.source
+    gaps = {}
+    for name, kw in PLANS.items():
+        plan = Plan(**kw, **BATCH)
+        predicted = s.predict_step(plan)
+        assert isinstance(predicted, StepPrediction) and predicted.profile == profile.name
+        measured = _measured(s, plan)
+        if _outside(predicted.seconds / measured - 1):
+            measured = _measured(s, plan)  # once more: a shared machine's load moves a median
+        gaps[name] = predicted.seconds / measured - 1
+    return profile, gaps
+
+
+def _misses(gaps: dict[str, float]) -> list[str]:
+    outside = {n: f"{g:+.0%}" for n, g in gaps.items() if _outside(g)}
+    typical = statistics.median(abs(g) for n, g in gaps.items() if PLANS[n] != ANCHOR)
+    return ([f"outside a factor {BOUND}: {outside}"] if outside else []) + \
+        ([f"the typical plan's gap {typical:.0%} > {TYPICAL:.0%}"] if typical > TYPICAL else [])
+
+
 @pytest.mark.parametrize("model", ["small-llama", "tiny-llama"])
 def test_the_calibrated_model_predicts_every_parity_plan(session4, model):
     s = session4
     s.set_probes(False)
     try:
         s.load_model(model)
-        s.apply(Plan(dp=4, **BATCH))
-        profile = s.calibrate()
-        assert isinstance(profile, HardwareProfile) and s.calibrated is profile and profile.step_overhead_s >= 0
-        gaps = {}
-        for name, kw in PLANS.items():
-            plan = Plan(**kw, **BATCH)
-            predicted = s.predict_step(plan)
-            assert isinstance(predicted, StepPrediction) and predicted.profile == profile.name
-            measured = _measured(s, plan)
-            if _outside(predicted.seconds / measured - 1):
-                measured = _measured(s, plan)  # once more: a shared machine's load moves a median
-            gaps[name] = predicted.seconds / measured - 1
-        if any(_outside(g) for g in gaps.values()):
-            # a calibration taken while the machine was busy elsewhere skews one link's fit: once more
-            s.calibrate()
-            for name in [n for n, g in gaps.items() if _outside(g)]:
-                plan = Plan(**PLANS[name], **BATCH)
-                gaps[name] = s.predict_step(plan).seconds / _measured(s, plan) - 1
-        outside = {n: f"{g:+.0%}" for n, g in gaps.items() if _outside(g)}
-        every = {n: f"{g:+.0%}" for n, g in gaps.items()}
-        assert not outside, f"{model}: predicted vs measured outside a factor {BOUND}: {outside} (all: {every})"
-        typical = statistics.median(abs(g) for g in gaps.values())
-        assert typical <= TYPICAL, f"{model}: the typical plan's gap {typical:.0%} > {TYPICAL:.0%} (all: {every})"
+        rounds = []
+        for _ in range(ROUNDS):
+            _, gaps = _round(s)
+            rounds.append((_misses(gaps), {n: f"{g:+.0%}" for n, g in gaps.items()}))
+            if not rounds[-1][0]:
+                break
+        assert not rounds[-1][0], f"{model}, {len(rounds)} rounds: " + "; ".join(
+            f"round {i + 1}: {' and '.join(miss)} (all: {every})" for i, (miss, every) in enumerate(rounds))
         # the applied plan's prediction carries the measured median beside it
         applied = s.predict_step()
         assert applied.measured_s is not None and applied.measured_s > 0

@@ -5,23 +5,29 @@ Owns what Session.calibrate does: refuse (before any rank is touched) a session 
 (plan.calibration.calibrate_options), then every rank runs runtime.calibrate at once, each
 rank's free memory is read, and plan.calibration.fit_profile fits the profile to the slowest
 rank of every sample, on top of a base profile for what calibration does not measure (on a
-CPU the shipped 'cpu' profile: its peak and fp16 figures). Knows nothing of how a sample is
+CPU the shipped 'cpu' profile: its peak and fp16 figures); when the applied plan has a run of
+measured steps, the per-step cost is taken from them (plan.calibration.anchor_step_overhead).
+Knows nothing of how a sample is
 taken or a line is fitted; never imports torch. The Planner keeps the calibrated profile for
 the session's predictions (plan.steptime) and plan searches (plan.search), which run here, pure.
 """
 from __future__ import annotations
 
 import statistics
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from ..plan import ModelSpec, Plan
-from ..plan.calibration import calibrate_options, fit_profile
+from ..plan.calibration import anchor_step_overhead, calibrate_options, fit_profile
 from ..plan.hardware import get_profile
 from ..records import RecordList
 from ..records.hardware import HardwareProfile, StepPrediction
 from ..runtime import api
 from .errors import SessionError
 from .rankset import RankSet
+
+ANCHOR_STEPS = 3
+"""Measured steps of the applied plan (after its first) that Session.calibrate takes the
+runtime loop's per-step cost from; fewer: the bare model step's estimate stands."""
 
 
 async def calibrate(ranks: RankSet, spec: ModelSpec | None, plan: Plan | None, *,
@@ -66,9 +72,15 @@ class Planner:
             return get_profile(profile)
         return self.calibrated or get_profile("cpu" if device == "cpu" else "h100")
 
-    async def calibrate(self, ranks: RankSet, spec: ModelSpec | None, plan: Plan | None, **kwargs) -> HardwareProfile:
-        self.calibrated = await calibrate(ranks, spec, plan, **kwargs)
-        return self.calibrated
+    async def calibrate(self, ranks: RankSet, spec: ModelSpec | None, plan: Plan | None, *,
+                        measured: Sequence[float] = (), **kwargs) -> HardwareProfile:
+        """The ranks' profile (`calibrate`); with ANCHOR_STEPS or more `measured` step times of
+        `plan` (its latest run), its per-step cost taken from them."""
+        profile = await calibrate(ranks, spec, plan, **kwargs)
+        if plan is not None and len(measured) >= ANCHOR_STEPS:
+            profile = anchor_step_overhead(profile, spec, plan, statistics.median(measured), len(measured))
+        self.calibrated = profile
+        return profile
 
     def predict(self, spec: ModelSpec, plan: Plan, profile: str | HardwareProfile | None, device: str,
                 measured: list[float] | None = None) -> StepPrediction:

@@ -447,20 +447,23 @@ class Session:
         shapes (tensor-parallel widths too) per precision, elementwise work forward and backward,
         each collective on groups of every size and layout right after a compute burst, and how much
         communication hides behind compute. Returns the HardwareProfile fitted to the slowest rank
-        (kept as `calibrated`: predict_step and search_plans read it). Needs a loaded model."""
-        return await self.planner.calibrate(self.ranks, self.spec, self.plan, precisions=precisions, repeats=repeats)
+        (kept as `calibrated`: predict_step and search_plans read it). Needs a loaded model.
+        Train a few steps of the applied plan first (at least ANCHOR_STEPS after the first) and the
+        profile's per-step cost is the runtime loop's own, taken from them
+        (plan.calibration.anchor_step_overhead), not a bare model step's."""
+        measured = self.telemetry.run_times(self.plan.describe()) if self.plan else []
+        return await self.planner.calibrate(self.ranks, self.spec, self.plan, measured=measured,
+                                            precisions=precisions, repeats=repeats)
 
     def predict_step(self, plan: Plan | None = None, profile: str | HardwareProfile | None = None) -> StepPrediction:
         """`plan`'s (default: the applied one) predicted step on `profile` (default: the calibrated
         profile, else the shipped one of the device): seconds split into compute, communication and
         bubble, tokens/s, MFU, peak memory; for the applied plan, the median step time measured so
-        far (steps after the first) beside it. Pure: touches no rank."""
+        far beside it (Telemetry.run_times: its latest run, the first step left out). Pure: touches
+        no rank."""
         spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
-        steps: dict[int, float] = {}
-        for r in self.history if plan == self.plan else []:
-            if r.plan == plan.describe():
-                steps[r.step] = max(steps.get(r.step, 0.0), r.time_s)
-        return self.planner.predict(spec, plan, profile, self.device, list(steps.values())[1:])
+        measured = self.telemetry.run_times(plan.describe()) if plan == self.plan else []
+        return self.planner.predict(spec, plan, profile, self.device, measured)
 
     def search_plans(self, profile: str | HardwareProfile | None = None, *, memory_per_rank: int | None = None,
                      world: int | None = None, top: int | None = 20, **fixed: Any) -> RecordList:

@@ -26,6 +26,7 @@ from typing import Callable, TypeVar
 
 from ..records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, PipelineEvent, QuantizeRecord, RecordList,
                        ServeResult, ShardRecord, StepRecord, TokenRecord)
+from ..records.training import latest_run
 
 T = TypeVar("T", CommRecord, PipelineEvent, TokenRecord, DecodeStep)
 
@@ -78,6 +79,11 @@ class Telemetry:
 
     def plan_changed(self) -> None:
         self.shards = None
+
+    def run_times(self, plan: str) -> list[float]:
+        """The slowest rank's seconds of each step of the latest unbroken run under `plan` (a
+        Plan.describe(); records.training.latest_run), its first step (warm-up) left out."""
+        return [t for _, t in latest_run(self.history, plan)][1:]
 
     def _latest(self, steps: int | None) -> list[StepRecord]:
         return [r for batch, _ in list(self.recent)[-(steps or 1):] for r in batch]

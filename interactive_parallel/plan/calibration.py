@@ -223,6 +223,24 @@ def _fit_model_steps(profile: HardwareProfile, spec: ModelSpec, steps: dict[int,
                                                        f"model steps of {few} and {many} layers")
 
 
+def anchor_step_overhead(profile: HardwareProfile, spec: ModelSpec, plan: Plan, measured_s: float,
+                         steps: int) -> HardwareProfile:
+    """`profile` with step_overhead_s taken from `steps` real steps of `plan` (their median,
+    `measured_s`): what the runtime's loop costs per step beyond the model's blocks (its DDP or
+    FSDP wrappers' hooks, the stop vote, the step's records, the engine's threads beside the
+    ranks), which a bare model step does not run; the measured step less `plan`'s prediction
+    without it, never below 0. The other plans' predictions carry it as one fixed cost per
+    step and rank."""
+    from .steptime import predict_step
+
+    if measured_s <= 0 or steps < 1:
+        raise CalibrationError(f"an anchor needs measured steps: got {steps} with median {measured_s} s")
+    bare = predict_step(spec, plan, dataclasses.replace(profile, step_overhead_s=0.0), memory=False).seconds
+    return dataclasses.replace(profile, step_overhead_s=max(measured_s - bare, 0.0),
+                               source=profile.source + f"; per-step cost from {steps} measured steps of "
+                                                       f"{plan.describe()} ({measured_s * 1e3:.1f} ms)")
+
+
 def _fit_links(coll: list[CalibrationSample]) -> list[Link]:
     """One link per (class, op, group size), a send's also as recv's, and per class a '*' link
     fitted to all its collectives."""

@@ -1,12 +1,14 @@
 """Records of training: a step and what the probes measured during it (memory, collectives,
-compute intervals), where each slice of each weight lives, and the text a call trains on.
+compute intervals), where each slice of each weight lives, and the text a call trains on;
+`latest_run` reads a plan's latest run of steps out of a history of them (the measured step
+time the step-time model is set beside and anchored to).
 
 Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mechanism).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Sequence
 
 from .base import Record
 
@@ -135,6 +137,25 @@ class StepRecord(Record):
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.time_s if self.time_s > 0 else 0.0
+
+
+def latest_run(steps: Sequence[StepRecord], plan: str) -> list[tuple[int, float]]:
+    """(step, the slowest rank's seconds) of each step of the latest unbroken run under `plan` (a
+    Plan.describe()) among `steps` (in arrival order), in step order; later steps under other
+    plans are passed over. A run ends, going back, at another plan's step or a gap in the step
+    numbers: load_model restarts them, so another model's run under the same plan is not this one."""
+    times: dict[int, float] = {}
+    low = 0
+    for r in reversed(steps):
+        if r.plan != plan:
+            if times:
+                break
+            continue
+        if times and r.step not in (low, low - 1):
+            break
+        low = r.step
+        times[low] = max(times.get(low, 0.0), r.time_s)
+    return sorted(times.items())
 
 
 @dataclass

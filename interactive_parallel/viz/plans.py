@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 import plotly.graph_objects as go
 
 from ..records import StepPrediction, StepRecord
+from ..records.training import latest_run
 from ._common import empty_figure, human_bytes, records_of, styled, title_lines
 
 SPLIT: tuple[str, ...] = ("compute", "communication", "bubble")
@@ -111,11 +112,13 @@ def plans_figure(preds: Iterable[StepPrediction] | None, top: int = 15) -> go.Fi
 
 def step_times(steps: Iterable[StepRecord] | None, plan: str | None = None) -> list[tuple[int, float]]:
     """(step, seconds) per step, the slowest rank's, in step order; with `plan` (a describe()), only
-    the steps run under it (a session's history spans every plan it applied)."""
+    the latest unbroken run under it (records.training.latest_run: a session's history spans
+    every plan it applied, and every model it loaded)."""
+    if plan is not None:
+        return latest_run(records_of(steps, StepRecord), plan)
     slowest: dict[int, float] = {}
     for r in records_of(steps, StepRecord):
-        if plan is None or r.plan == plan:
-            slowest[r.step] = max(slowest.get(r.step, 0.0), r.time_s)
+        slowest[r.step] = max(slowest.get(r.step, 0.0), r.time_s)
     return sorted(slowest.items())
 
 
