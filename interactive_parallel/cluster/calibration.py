@@ -7,9 +7,9 @@ rank's free memory is read, and plan.calibration.fit_profile fits the profile to
 rank of every sample, on top of a base profile for what calibration does not measure (on a
 CPU the shipped 'cpu' profile: its peak and fp16 figures); when the applied plan has a run of
 measured steps, the per-step cost is taken from them (plan.calibration.anchor_step_overhead).
-Knows nothing of how a sample is
-taken or a line is fitted; never imports torch. The Planner keeps the calibrated profile for
-the session's predictions (plan.steptime) and plan searches (plan.search), which run here, pure.
+Knows nothing of how a sample is taken or a line is fitted; never imports torch. The Planner
+keeps the calibrated profile for the session's predictions (plan.steptime) and plan searches
+(plan.search), which run here, pure.
 """
 from __future__ import annotations
 
