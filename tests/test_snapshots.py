@@ -6,6 +6,7 @@
   is in place with DCP's metadata: a writer still writing (only its partial directory), a
   missing writer or a missing plan file leave the previous generation the newest.
 - Going back to a step drops the generations after it.
+- A rank counts the bytes of its own directory, never a peer's still moving into place.
 """
 from __future__ import annotations
 
@@ -60,3 +61,15 @@ def test_a_generation_counts_once_every_writer_is_in_place(tmp_path):
     assert ck.snapshot_plan(later) == Plan(dp=2, tp=2)
     ck.drop_snapshots_after(folder, 20)
     assert sorted(os.listdir(folder)) == [os.path.basename(first)]
+
+
+def test_a_rank_counts_the_bytes_it_wrote_not_a_peers_still_moving(tmp_path):
+    """take_snapshot's size: this rank's directory only. A peer's partial directory is renamed
+    while it is read (a fresh clone's CI once failed on a file gone between listing and sizing)."""
+    path = tmp_path / "step-000000003"
+    mine, peer = path / "rank-00000", path / "rank-00001.partial-abc"
+    for d, n in ((mine, 100), (peer, 7)):
+        d.mkdir(parents=True)
+        (d / "__0_0.distcp").write_bytes(b"x" * n)
+    (mine / ".metadata").write_bytes(b"m" * 10)
+    assert ck.written_bytes(str(path)) == 110  # without a process group this is rank 0

@@ -256,14 +256,13 @@ def take_snapshot(scratch: ScratchLayout) -> SnapshotInfo:
     """Write the state now under `scratch.snapshots` (no collective): what this rank wrote."""
     import time
 
-    from .checkpoint import snapshot
+    from .checkpoint import snapshot, written_bytes
 
     st = _require_plan()
     t0 = time.perf_counter()
     path = snapshot(st.parallel, st.optimizer, scratch.snapshots, st.step)
     seconds = time.perf_counter() - t0
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-    return SnapshotInfo(path=path, step=st.step, seconds=seconds, bytes=size)
+    return SnapshotInfo(path=path, step=st.step, seconds=seconds, bytes=written_bytes(path))
 
 
 def generate(prompts: list[str], max_new_tokens: int, options: GenerateOptions = GenerateOptions()) -> Generation:

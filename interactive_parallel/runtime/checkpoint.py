@@ -256,6 +256,13 @@ def _rank_dir(path: str, rank: int) -> str:
     return os.path.join(path, f"rank-{rank:05d}")
 
 
+def written_bytes(path: str) -> int:
+    """Bytes this rank wrote into the state directory `path` (write_parts): its own directory
+    only, since a peer's may still be moving into place (its files renamed as they are read)."""
+    mine = _rank_dir(path, _rank())
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(mine) for f in files)
+
+
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
