@@ -3,8 +3,8 @@ step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, 
 pairs), small-llama and tiny-llama, probes off. One live session for the module.
 
 The bounds: the typical plan (the median of |predicted / measured - 1| over the plans but the
-anchor, below) within
-TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its measured median, both models.
+anchor, below) within TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its
+measured median, both models.
 On a quiet machine every plan comes within about 25 % (the README's table: bench/bench_steptime.py),
 but one plan's median moves by tens of percent with the machine's load, so the per-plan bound
 catches a model wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and
@@ -55,7 +55,7 @@ def _measured(s, plan: Plan) -> float:
     return statistics.median(per_step.values())
 
 
-def _round(s) -> tuple[HardwareProfile, dict[str, float]]:
+def _round(s) -> dict[str, float]:
     """Steps of the anchor plan, calibrate, then {plan name: predicted / measured - 1} for every plan."""
     _measured(s, Plan(**ANCHOR, **BATCH))
     profile = s.calibrate()
@@ -70,7 +70,7 @@ def _round(s) -> tuple[HardwareProfile, dict[str, float]]:
         if _outside(predicted.seconds / measured - 1):
             measured = _measured(s, plan)  # once more: a shared machine's load moves a median
         gaps[name] = predicted.seconds / measured - 1
-    return profile, gaps
+    return gaps
 
 
 def _misses(gaps: dict[str, float]) -> list[str]:
@@ -88,7 +88,7 @@ def test_the_calibrated_model_predicts_every_parity_plan(session4, model):
         s.load_model(model)
         rounds = []
         for _ in range(ROUNDS):
-            _, gaps = _round(s)
+            gaps = _round(s)
             rounds.append((_misses(gaps), {n: f"{g:+.0%}" for n, g in gaps.items()}))
             if not rounds[-1][0]:
                 break
