@@ -194,22 +194,34 @@ def test_the_chain_has_the_operations_it_is_divided_by():
 
 
 @pytest.mark.pure
-def test_the_anchor_makes_the_measured_plan_exact_and_never_goes_negative():
+@pytest.mark.parametrize("anchor, field, carried, spared", [
+    # a replicated wrapper's excess: DDP and replicate plans carry it, tp / pp / fsdp plans do not
+    (dict(dp=4), "replica_overhead_s", [dict(dp=2, tp=2), dict(pp=2, dp=2), dict(cp=2, tp=2)],
+     [dict(tp=4), dict(pp=4), dict(fsdp=4), dict(dp=2, fsdp=2)]),
+    # any other anchor's excess is the loop's, carried by every plan
+    (dict(fsdp=4), "step_overhead_s", [dict(dp=4), dict(tp=4), dict(pp=4), dict(dp=2, fsdp=2)], []),
+])
+def test_the_anchor_makes_the_measured_plan_exact_and_never_goes_negative(anchor, field, carried, spared):
     from interactive_parallel.plan.calibration import anchor_step_overhead
     from interactive_parallel.plan.steptime import predict_step
 
-    spec, plan, cpu = PRESETS["tiny-llama"], Plan(dp=4, batch_size=8, seq_len=64), get_profile("cpu")
-    bare = predict_step(spec, plan, dataclasses.replace(cpu, step_overhead_s=0.0), memory=False).seconds
+    spec, cpu = PRESETS["tiny-llama"], get_profile("cpu")
+    plan = Plan(**anchor, batch_size=8, seq_len=64)
+    bare_profile = dataclasses.replace(cpu, **{field: 0.0})
+    bare = predict_step(spec, plan, bare_profile, memory=False).seconds
     anchored = anchor_step_overhead(cpu, spec, plan, bare + 0.010, steps=5)
-    assert anchored.step_overhead_s == pytest.approx(0.010)
+    assert getattr(anchored, field) == pytest.approx(0.010)
+    other = "step_overhead_s" if field == "replica_overhead_s" else "replica_overhead_s"
+    assert getattr(anchored, other) == getattr(cpu, other)
     assert predict_step(spec, plan, anchored, memory=False).seconds == pytest.approx(bare + 0.010)
-    assert "5 measured steps of" in anchored.source and anchored.flops == cpu.flops
-    # one fixed cost per step: another plan's prediction grows by it, not by a share
-    other = Plan(tp=4, batch_size=8, seq_len=64)
-    gain = predict_step(spec, other, anchored, memory=False).seconds - predict_step(
-        spec, other, dataclasses.replace(cpu, step_overhead_s=0.0), memory=False).seconds
-    assert gain == pytest.approx(0.010, rel=1e-6)
-    assert anchor_step_overhead(cpu, spec, plan, bare / 2, steps=5).step_overhead_s == 0.0
+    assert f"{field} from 5 measured steps of" in anchored.source and anchored.flops == cpu.flops
+    # one fixed cost per step: a plan that carries it grows by it, not by a share; the others not at all
+    for kw, gain in [(kw, 0.010) for kw in carried] + [(kw, 0.0) for kw in spared]:
+        other_plan = Plan(**kw, batch_size=8, seq_len=64)
+        grown = predict_step(spec, other_plan, anchored, memory=False).seconds - predict_step(
+            spec, other_plan, bare_profile, memory=False).seconds
+        assert grown == pytest.approx(gain, abs=1e-9), other_plan.describe()
+    assert getattr(anchor_step_overhead(cpu, spec, plan, bare / 2, steps=5), field) == 0.0
     with pytest.raises(CalibrationError, match="measured steps"):
         anchor_step_overhead(cpu, spec, plan, 0.0, steps=0)
 

@@ -6,7 +6,7 @@ Owns what Session.calibrate does: refuse (before any rank is touched) a session 
 rank's free memory is read, and plan.calibration.fit_profile fits the profile to the slowest
 rank of every sample, on top of a base profile for what calibration does not measure (on a
 CPU the shipped 'cpu' profile: its peak and fp16 figures); when the applied plan has a run of
-measured steps, the per-step cost is taken from them (plan.calibration.anchor_step_overhead).
+measured steps, a fixed cost per step is taken from them (plan.calibration.anchor_step_overhead).
 Knows nothing of how a sample is taken or a line is fitted; never imports torch. The Planner
 keeps the calibrated profile for the session's predictions (plan.steptime) and plan searches
 (plan.search), which run here, pure.
@@ -27,7 +27,8 @@ from .rankset import RankSet
 
 ANCHOR_STEPS = 3
 """Measured steps of the applied plan (after its first) that Session.calibrate takes the
-runtime loop's per-step cost from; fewer: the bare model step's estimate stands."""
+fixed cost per step from (a replicated wrapper's, or the runtime loop's); fewer: the bare model
+step's estimate stands."""
 
 
 async def calibrate(ranks: RankSet, spec: ModelSpec | None, plan: Plan | None, *,
@@ -75,7 +76,7 @@ class Planner:
     async def calibrate(self, ranks: RankSet, spec: ModelSpec | None, plan: Plan | None, *,
                         measured: Sequence[float] = (), **kwargs) -> HardwareProfile:
         """The ranks' profile (`calibrate`); with ANCHOR_STEPS or more `measured` step times of
-        `plan` (its latest run), its per-step cost taken from them."""
+        `plan` (its latest run), a fixed cost per step taken from them."""
         profile = await calibrate(ranks, spec, plan, **kwargs)
         if plan is not None and len(measured) >= ANCHOR_STEPS:
             profile = anchor_step_overhead(profile, spec, plan, statistics.median(measured), len(measured))

@@ -449,8 +449,8 @@ class Session:
         communication hides behind compute. Returns the HardwareProfile fitted to the slowest rank
         (kept as `calibrated`: predict_step and search_plans read it). Needs a loaded model.
         Train a few steps of the applied plan first (at least ANCHOR_STEPS after the first) and the
-        profile's per-step cost is the runtime loop's own, taken from them
-        (plan.calibration.anchor_step_overhead), not a bare model step's."""
+        profile's fixed cost per step is taken from them (plan.calibration.anchor_step_overhead):
+        under DDP or replicate their wrapper's hooks, else the runtime loop's own."""
         measured = self.telemetry.run_times(self.plan.describe()) if self.plan else []
         return await self.planner.calibrate(self.ranks, self.spec, self.plan, measured=measured,
                                             precisions=precisions, repeats=repeats)

@@ -225,19 +225,24 @@ def _fit_model_steps(profile: HardwareProfile, spec: ModelSpec, steps: dict[int,
 
 def anchor_step_overhead(profile: HardwareProfile, spec: ModelSpec, plan: Plan, measured_s: float,
                          steps: int) -> HardwareProfile:
-    """`profile` with step_overhead_s taken from `steps` real steps of `plan` (their median,
-    `measured_s`): what the runtime's loop costs per step beyond the model's blocks (its DDP or
-    FSDP wrappers' hooks, the stop vote, the step's records, the engine's threads beside the
-    ranks), which a bare model step does not run; the measured step less `plan`'s prediction
-    without it, never below 0. The other plans' predictions carry it as one fixed cost per
-    step and rank."""
+    """`profile` with a fixed cost per step taken from `steps` real steps of `plan` (their median,
+    `measured_s`): the measured step less `plan`'s prediction without that cost, never below 0.
+
+    Where a replicated wrapper averages `plan`'s gradients (DDP or replicate), the excess is that
+    wrapper's hooks and per-bucket or per-unit work, which the model counts only as collectives and
+    copies: it becomes replica_overhead_s, and only plans of that kind carry it (a pipeline or
+    tensor-parallel plan runs no such hooks; FSDP's are modelled per unit). Under any other plan
+    it is the runtime loop's own cost beyond the bare model step's estimate (the stop vote, the
+    step's records, the engine's threads beside the ranks): step_overhead_s, which every plan
+    carries."""
     from .steptime import predict_step
 
     if measured_s <= 0 or steps < 1:
         raise CalibrationError(f"an anchor needs measured steps: got {steps} with median {measured_s} s")
-    bare = predict_step(spec, plan, dataclasses.replace(profile, step_overhead_s=0.0), memory=False).seconds
-    return dataclasses.replace(profile, step_overhead_s=max(measured_s - bare, 0.0),
-                               source=profile.source + f"; per-step cost from {steps} measured steps of "
+    field = "replica_overhead_s" if plan.replicates_gradients else "step_overhead_s"
+    bare = predict_step(spec, plan, dataclasses.replace(profile, **{field: 0.0}), memory=False).seconds
+    return dataclasses.replace(profile, **{field: max(measured_s - bare, 0.0)},
+                               source=profile.source + f"; {field} from {steps} measured steps of "
                                                        f"{plan.describe()} ({measured_s * 1e3:.1f} ms)")
 
 

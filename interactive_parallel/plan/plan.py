@@ -143,6 +143,13 @@ class Plan:
         return self.dp > 1 and self.world_size == self.dp and self.ep == 1
 
     @property
+    def replicates_gradients(self) -> bool:
+        """Whether a replicated wrapper averages the gradients: DDP (uses_ddp), or FSDP2's
+        replicate over the dp and cp ranks when nothing is sharded (runtime.mesh's replicate
+        mesh). Under fsdp the gradients go through fully_shard instead."""
+        return self.fsdp == 1 and self.dp * self.cp > 1
+
+    @property
     def data_ranks(self) -> int:
         """Ranks that see different tokens of a step (dp x fsdp x cp): the data-parallel ranks of
         the gradients' mean, over which expert parallelism rides."""

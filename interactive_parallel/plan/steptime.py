@@ -219,6 +219,8 @@ def plan_seconds(spec: ModelSpec, plan: Plan, profile: HardwareProfile) -> dict[
             work, bubble = plan.grad_accum * (c.f + c.b + c.w), 0.0
         waited = inside[r] * sped
         compute = work - waited + _data_parallel_overhead(spec, plan, profile, r) + profile.step_overhead_s
+        if plan.replicates_gradients:
+            compute += profile.replica_overhead_s
         outside = sum(v for a, v in by_axis[r].items() if a not in IN_ACTION)
         # Overlappable: every bucket or unit but the last, behind the backward (DDP) or the other
         # units' compute (FSDP's prefetch, replicate's per-unit reduction); not pp's end-of-step ones.

@@ -71,6 +71,11 @@ class HardwareProfile(Record):
     """Fixed cost of one optimizer step beyond its operations: the training loop's own work
     (the batch, the loss's reduction, zero_grad), measured on a model step; 0 on GPUs, where the
     host runs ahead of the device."""
+    replica_overhead_s: float = 0.0
+    """Fixed cost of one step of a plan whose gradients a replicated wrapper averages (DDP, or
+    FSDP2's replicate: Plan.replicates_gradients) beyond its modelled collectives and copies: the
+    wrapper's hooks and per-bucket or per-unit bookkeeping; taken from measured steps of such a
+    plan (plan.calibration.anchor_step_overhead), 0 where none were measured."""
     pipeline_action_s: float = 0.0
     """Fixed cost of one action of a pipeline schedule (a microbatch's forward, backward or weight
     half on a stage) beyond its operations: the schedule's own bookkeeping, the posting and
