@@ -4,13 +4,14 @@ Owns the seconds, per rank: compute (the FLOPs of every block's linears and atte
 experts a token is routed to, of the head, counted from the same parameter inventory as the
 memory model (plan.inventory: tensor-parallel shards included), over the profile's FLOP rate,
 plus the fixed cost of every operation and the bytes elementwise work and the optimizer stream,
-plus a pipeline schedule's own cost per action), communication (every collective
-plan.estimate.predict_comms lists: latency x count + bytes x the collective's ring factor / the
-link's bandwidth, the link chosen per mesh axis by whether its group spans hosts), the pipeline
-bubble (the schedule's own order of forwards, backwards and weight halves replayed by
-plan.pipeline_time with each action's duration and the point-to-point transfer between stages),
-and what overlaps what (DDP's buckets with backward, FSDP2's prefetch, to the profile's
-`overlap`). Tensor, context and expert parallel collectives sit inside the forwards and
+plus a pipeline schedule's own cost per action, plus the profile's fixed costs per step: the
+loop's, and a replicated wrapper's where DDP or replicate averages the gradients),
+communication (every collective plan.estimate.predict_comms lists: latency x count + bytes x
+the collective's ring factor / the link's bandwidth, the link chosen per mesh axis by whether
+its group spans hosts), the pipeline bubble (the schedule's own order of forwards, backwards
+and weight halves replayed by plan.pipeline_time with each action's duration and the
+point-to-point transfer between stages), and what overlaps what (DDP's buckets with backward,
+FSDP2's prefetch, to the profile's `overlap`). Tensor, context and expert parallel collectives sit inside the forwards and
 backwards that wait for them.
 
 Model FLOPs for MFU: 6 x the parameters a token passes through (non-embedding, the head
