@@ -11,8 +11,8 @@ the collective's ring factor / the link's bandwidth, the link chosen per mesh ax
 its group spans hosts), the pipeline bubble (the schedule's own order of forwards, backwards
 and weight halves replayed by plan.pipeline_time with each action's duration and the
 point-to-point transfer between stages), and what overlaps what (DDP's buckets with backward,
-FSDP2's prefetch, to the profile's `overlap`). Tensor, context and expert parallel collectives sit inside the forwards and
-backwards that wait for them.
+FSDP2's prefetch, to the profile's `overlap`). Tensor, context and expert parallel collectives
+sit inside the forwards and backwards that wait for them.
 
 Model FLOPs for MFU: 6 x the parameters a token passes through (non-embedding, the head
 included; an MoE layer's routed experts only) + causal attention's 6 x layers x seq x width,
