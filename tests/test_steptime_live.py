@@ -5,13 +5,14 @@ pairs), small-llama and tiny-llama, probes off. One live session for the module.
 The bounds: the typical plan (the median of |predicted / measured - 1| over the plans but the
 anchor, below) within TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its
 measured median, both models.
-On a quiet machine every plan comes within about 25 % (the README's table: bench/bench_steptime.py),
-but one plan's median moves by tens of percent with the machine's load, so the per-plan bound
-catches a model wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and
-the typical one a model off in degree.
+On a quiet machine every plan has come within about 25 % in a round (the README, beside
+bench/bench_steptime.py's rounds), but one plan's median moves by tens of percent with the
+machine's load while the calibration may not follow it, so the per-plan bound catches a model
+wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and the typical one
+a model off in degree.
 Each calibration follows a run of dp4, the anchor: its measured steps give the profile the cost
-of DDP's hooks and bookkeeping per step (replica_overhead_s, which the plans FSDP2's replicate
-averages carry too), so dp4's own gap is near 0 by construction and the other ten are the
+of DDP's hooks and bookkeeping per step (replica_overhead_s, which the plans whose gradients
+FSDP2's replicate averages carry too), so dp4's own gap is near 0 by construction and the other ten are the
 predictions under test.
 A plan outside its bound is measured once more. A round (calibrate, then measure every plan) that
 misses a bound is followed by another, up to ROUNDS: a calibration taken while the machine was
