@@ -12,8 +12,8 @@ wrong in kind (a term missing, a unit off, a count per microbatch forgotten) and
 a model off in degree.
 Each calibration follows a run of dp4, the anchor: its measured steps give the profile the cost
 of DDP's hooks and bookkeeping per step (replica_overhead_s, which the plans whose gradients
-FSDP2's replicate averages carry too), so dp4's own gap is near 0 by construction and the other ten are the
-predictions under test.
+FSDP2's replicate averages carry too), so dp4's own gap is near 0 by construction and the other
+ten are the predictions under test.
 A plan outside its bound is measured once more. A round (calibrate, then measure every plan) that
 misses a bound is followed by another, up to ROUNDS: a calibration taken while the machine was
 quieter or busier than during the measurements skews every prediction one way (under a steady
