@@ -23,22 +23,53 @@ def laid_out(session4):
     return session4
 
 
-def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monkeypatch):
+def _gate_steps_after(step: int, gate: str, wait_s: float) -> None:
+    """Make every optimizer step after `step` wait until the file `gate` exists: the client
+    writes it when it has seen step `step`, so a run whose records did not stream would stop
+    here and raise instead of finishing (a test fault, undone by `_heal`)."""
+    import os
+
+    import interactive_parallel.runtime.train as train
+    from interactive_parallel.runtime import state
+
+    real = getattr(train, "_real_train_step", train.train_step)
+    train._real_train_step = real
+
+    def gated(par, optimizer, index, **kw):
+        deadline = time.monotonic() + wait_s
+        while index > step and not os.path.exists(gate):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank {state.get().rank}: step {step} never reached the client")
+            time.sleep(0.01)
+        return real(par, optimizer, index, **kw)
+
+    train.train_step = gated
+
+
+def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monkeypatch, tmp_path):
     s = laid_out
     submits = []
     real = s.ranks.caller.submit
+    first = s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+    gate = tmp_path / "client-saw-the-first-step"
+    s.run(_gate_steps_after, first, str(gate), 30.0)
     monkeypatch.setattr(s.ranks.caller, "submit", lambda fn, *a, **k: submits.append(fn.__name__) or real(fn, *a, **k))
     arrivals = []
-    t0 = time.monotonic()
-    out = s.train(steps=6, on_step=lambda recs: arrivals.append((time.monotonic() - t0, recs)))
-    total = time.monotonic() - t0
+
+    def on_step(recs):
+        arrivals.append(recs)
+        gate.touch()  # the ranks' second step starts only now: what ran before it has streamed
+
+    try:
+        out = s.train(steps=6, on_step=on_step)
+    finally:
+        monkeypatch.undo()
+        s.run(_heal)
     assert submits == ["train"], submits  # one call to the ranks for all six steps
-    assert [recs[0].step for _, recs in arrivals] == sorted({r.step for r in out}) and len(arrivals) == 6
-    assert all(sorted(r.rank for r in recs) == [0, 1, 2, 3] for _, recs in arrivals)
-    # the first step reached the client long before the run ended: records stream, not batch
-    assert arrivals[0][0] < total * 0.6, (arrivals[0][0], total)
-    first = arrivals[0][1][0]
-    assert isinstance(first, StepRecord) and isinstance(first.memory, MemoryRecord) and first.comms
+    assert [recs[0].step for recs in arrivals] == sorted({r.step for r in out}) == list(range(first, first + 6))
+    assert all(sorted(r.rank for r in recs) == [0, 1, 2, 3] for recs in arrivals)
+    head = arrivals[0][0]
+    assert isinstance(head, StepRecord) and isinstance(head.memory, MemoryRecord) and head.comms
     assert [(r.rank, r.step, r.loss) for r in s.history[-len(out):]] == [(r.rank, r.step, r.loss) for r in out]
 
 
