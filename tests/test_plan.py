@@ -3,6 +3,7 @@ import pytest
 
 from interactive_parallel import Plan, PlanError
 from interactive_parallel.plan import PRESETS, MeshAxis, axis_groups, check, mesh_coords, resolve_model, validate
+from interactive_parallel.plan.estimate import predict_comms
 from interactive_parallel.plan.models import UnknownModelError
 
 pytestmark = pytest.mark.pure
@@ -176,6 +177,23 @@ def test_uses_ddp_only_for_pure_data_parallelism():
     assert Plan(dp=4).uses_ddp and Plan(dp=2).uses_ddp
     assert not Plan().uses_ddp and not Plan(dp=2, tp=2).uses_ddp and not Plan(dp=2, fsdp=2).uses_ddp
     assert not Plan(fsdp=4).uses_ddp and not Plan(dp=2, pp=2).uses_ddp
+
+
+@pytest.mark.parametrize("degrees, sharded, replicated", [
+    (dict(dp=4), (), ("dp",)), (dict(dp=2, cp=2), (), ("dp", "cp")), (dict(cp=2, tp=2), (), ("cp",)),
+    (dict(fsdp=4), ("fsdp",), ()), (dict(fsdp=2, cp=2), ("fsdp", "cp"), ()),
+    (dict(dp=2, fsdp=2), ("fsdp",), ("dp",)), (dict(tp=4), (), ()), (dict(pp=2, dp=2), (), ("dp",))])
+def test_the_gradients_axes_are_decided_once_and_the_comm_estimate_names_them(degrees, sharded, replicated):
+    plan = Plan(**degrees, batch_size=8, seq_len=16)
+    assert plan.gradient_axes == (sharded, replicated)
+    assert plan.replicates_gradients == (not sharded and bool(replicated))
+    assert plan.uses_ddp <= plan.replicates_gradients  # DDP is one of the replicated wrappers
+    # tp, pp and the bare cp group carry activations too (cp: attention's K and V), so only the
+    # folded groups are read here, where gradients alone travel
+    groups = {(c.op, c.axis) for c in predict_comms(LLAMA, plan, 0) if c.axis not in ("tp", "pp", "cp")}
+    expected = ({("all_gather", "_".join(sharded)), ("reduce_scatter", "_".join(sharded))} if sharded else set()) | \
+        ({("all_reduce", "_".join(replicated))} if replicated and replicated != ("cp",) else set())
+    assert groups == expected, groups
 
 
 def _imports(path) -> set[str]:

@@ -88,17 +88,18 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
             out.append(CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes)))
 
     units = _unit_bytes(spec, plan, rank)
+    sharded, replicated = plan.gradient_axes
     f_size, _ = shard_group(plan, coords)
-    if f_size > 1:
-        axis = "fsdp_cp" if plan.cp > 1 else "fsdp"
+    if sharded:
+        axis = "_".join(sharded)
         add("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * sum(s for _, s in units))
         add("reduce_scatter", axis, len(units) * acc, acc * f_size * sum(s for _, s in units))
-        if plan.dp > 1:
-            add("all_reduce", "dp", len(units) * acc, acc * sum(s for _, s in units))
+        if replicated:  # HSDP: the shards' owners average across the replicas
+            add("all_reduce", "_".join(replicated), len(units) * acc, acc * sum(s for _, s in units))
     elif plan.uses_ddp:
         add("all_reduce", "dp", None, sum(s for _, s in units))
-    elif plan.dp * plan.cp > 1:
-        axis = "_".join(a for a in ("dp", "cp") if getattr(plan, a) > 1)
+    elif replicated:
+        axis = "_".join(replicated)
         times = 1 if plan.pp > 1 else acc
         add("all_reduce", axis, len(units) * times, times * sum(s for _, s in units))
     layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})

@@ -149,7 +149,7 @@ def owned(spec: ModelSpec, plan: Plan, p: ParamInfo, pp_rank: int) -> bool:
 
 
 def shard_group(plan: Plan, coords: dict[MeshAxis, int]) -> tuple[int, int]:
-    """(size, index) of this rank's FSDP shard group; cp folds into it under FSDP (runtime rule)."""
+    """(size, index) of this rank's FSDP shard group; cp folds into it under FSDP (Plan.gradient_axes)."""
     if plan.fsdp == 1:
         return 1, 0
     return plan.fsdp * plan.cp, coords[MeshAxis.FSDP] * plan.cp + coords[MeshAxis.CP]

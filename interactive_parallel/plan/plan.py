@@ -143,11 +143,22 @@ class Plan:
         return self.dp > 1 and self.world_size == self.dp and self.ep == 1
 
     @property
+    def gradient_axes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """(sharded, replicated): the mesh axes over which a step averages the gradients, each
+        group folded into one (runtime.mesh builds the meshes; plan.estimate names the groups).
+        cp ranks hold the same parameters and see different tokens, so for gradients they are
+        data-parallel ranks: sharded with fsdp under FSDP, else replicated with dp. Both
+        non-empty: HSDP (one 2-D shard mesh, replicate x shard)."""
+        shard = tuple(a for a in ("fsdp", "cp") if getattr(self, a) > 1) if self.fsdp > 1 else ()
+        return shard, tuple(a for a in ("dp", "cp") if getattr(self, a) > 1 and a not in shard)
+
+    @property
     def replicates_gradients(self) -> bool:
         """Whether a replicated wrapper averages the gradients: DDP (uses_ddp), or FSDP2's
-        replicate over the dp and cp ranks when nothing is sharded (runtime.mesh's replicate
-        mesh). Under fsdp the gradients go through fully_shard instead."""
-        return self.fsdp == 1 and self.dp * self.cp > 1
+        replicate over the dp and cp ranks when nothing is sharded. Under fsdp (HSDP too) the
+        gradients go through fully_shard instead."""
+        shard, replicated = self.gradient_axes
+        return not shard and bool(replicated)
 
     @property
     def data_ranks(self) -> int:

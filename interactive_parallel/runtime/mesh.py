@@ -75,8 +75,9 @@ def build_mesh(plan: Plan, device_type: str):
                   lambda: init_device_mesh(device_type, shape, mesh_dim_names=names))
 
 
-def _flat(mesh, axes: list[str]):
-    """(name, 1-D mesh) of `axes` folded into one, or (None, None) for no axes."""
+def _flat(mesh, axes):
+    """(name, 1-D mesh) of `axes` (a sequence of axis names) folded into one, or (None, None)
+    for no axes."""
     if not axes:
         return None, None
     if len(axes) == 1:
@@ -95,14 +96,11 @@ def data_group(plan: Plan, mesh):
 
 
 def data_parallel_meshes(plan: Plan, mesh):
-    """(shard mesh or None, replicate mesh or None) for gradient sync over dp, fsdp and cp.
-
-    cp ranks hold the same parameters and see different tokens, so for gradients they are
-    data-parallel ranks: folded into the shard axis under FSDP, else the replicate axis.
-    With both a shard and a replicate axis the shard mesh is 2-D (replicate, shard): HSDP.
+    """(shard mesh or None, replicate mesh or None) for gradient sync over plan.gradient_axes
+    (which decides the axes: cp folds into fsdp's shard or dp's replicate). With both a shard
+    and a replicate axis the shard mesh is 2-D (replicate, shard): HSDP.
     """
-    shard = [a for a in ("fsdp", "cp") if getattr(plan, a) > 1] if plan.fsdp > 1 else []
-    repl = [a for a in ("dp", "cp") if getattr(plan, a) > 1 and a not in shard]
+    shard, repl = plan.gradient_axes
     shard_name, shard_mesh = _flat(mesh, shard)
     repl_name, repl_mesh = _flat(mesh, repl)
     if shard_mesh is not None and repl_mesh is not None:
