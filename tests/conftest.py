@@ -15,11 +15,14 @@ TIERS = ("pure", "rank1", "multirank", "session", "multihost", "launchers", "fau
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test belongs to a tier (`-m pure` must run every pure test): refuse one that does not."""
-    untiered = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
-    if untiered:
-        raise pytest.UsageError("tests without a tier marker (" + ", ".join(TIERS) + "):\n  " +
-                                "\n  ".join(untiered))
+    """Every test belongs to exactly one tier (`-m pure` must run every pure test, and only
+    tests that start no process): refuse one with none or with several (a module's mark and a
+    test's own add up)."""
+    tiers = {item.nodeid: [t for t in TIERS if item.get_closest_marker(t)] for item in items}
+    wrong = [f"{node} ({', '.join(found) or 'none'})" for node, found in tiers.items() if len(found) != 1]
+    if wrong:
+        raise pytest.UsageError("tests without exactly one tier marker (" + ", ".join(TIERS) + "):\n  " +
+                                "\n  ".join(wrong))
 
 
 def pool_footprint(session) -> tuple[list[int], list[int]]:

@@ -9,7 +9,7 @@ Slurm also: the ranks' hosts are the job's nodes, torch's ranks follow SLURM_PRO
 exported script runs under `srun torchrun` across the two nodes and resumes the session's
 state. MPI: torch's ranks are the MPI ranks. `Session.start(launcher=...)`: a Slurm job that
 cannot be scheduled and an SSH host that cannot reach the controller are named with the reason
-within the timeout, a host with another torch build is refused naming it, and each leaves
+as soon as the launcher can tell (not at the launch timeout), a host with another torch build is refused naming it, and each leaves
 nothing running. Needs root and the site's packages (skips naming what is missing).
 """
 from __future__ import annotations
@@ -248,6 +248,8 @@ def test_ssh_session_start_names_an_unreachable_host_and_another_torch(make_host
                             timeout=FAULT_S)
         assert bad.get("error_type") == "LaunchError", bad
         assert f"host {names[2]}: 0 registered, cannot reach the controller at {hosts.address(0)}:" in bad["error"], bad
+        # asked while the engines start, not diagnosed when the launch timed out
+        assert "when the hosts were asked" in bad["error"] and "registered within" not in bad["error"], bad
         assert names[0] not in bad["error"] and bad["elapsed_s"] <= FAULT_S + 60, bad
         assert engines_left(hosts) == []
 

@@ -67,7 +67,9 @@ def test_wrong_types_and_non_finite_numbers_are_problems_not_crashes():
 
 
 def test_fp16_refused_on_cpu_and_cuda_without_gpu():
-    assert any("fp16" in p for p in validate(Plan(precision="fp16"), 1))
+    """(So the scaler's parity under tp2, tests/test_scaler.py, runs in fp32 on this machine.)"""
+    problems = validate(Plan(tp=2, batch_size=2, seq_len=16, precision="fp16"), 2, LLAMA)
+    assert any("precision 'fp16' needs device 'cuda'" in p for p in problems), problems
     assert any("no GPU" in p for p in validate(Plan(device="cuda"), 1, cuda_available=0))
 
 

@@ -1,6 +1,7 @@
 """The step-time model against the live ranks: Session.calibrate, then predicted against measured
 step time on every 4-rank parity plan of the classic layouts (dp, fsdp, tp, pp, cp and their
-pairs), small-llama and tiny-llama, probes off. One live session for the module.
+pairs), small-llama and tiny-llama, probes off; the session's search, and the panel's "Which
+plan?" page driving the same calls. One live session for the module.
 
 The bounds: the typical plan (the median of |predicted / measured - 1| over the plans but the
 anchor, below) within TYPICAL = 25 %, and every plan within a factor of BOUND = 2.5 of its
@@ -29,6 +30,8 @@ import pytest
 from interactive_parallel import Plan
 from interactive_parallel.records import HardwareProfile, StepPrediction
 from interactive_parallel.viz import step_times
+from interactive_parallel.widgets import Panel
+from interactive_parallel.widgets.whichplan import CALIBRATED
 
 pytestmark = pytest.mark.session
 
@@ -115,3 +118,29 @@ def test_search_from_the_session_uses_its_model_and_rank_count(session4):
     assert {m.rank: m.params + m.grads + m.optimizer for m in dry.memory()} == predicted
     wider = s.search_plans("h100", world=64, batch_size=64, seq_len=256, top=3)
     assert all(Plan.from_dict(r.plan_fields).world_size == 64 for r in wider)
+
+
+def test_the_page_calibrates_searches_applies_and_measures_a_live_session(session4):
+    s = session4
+    s.load_model("tiny-llama")
+    p = Panel(s)
+    p.views.tab.selected_index = p.views.tab.titles.index("plans")
+    w = p.which_plan
+    w.calibrate.click()
+    assert p.error_text == "", p.error_text
+    assert isinstance(s.calibrated, HardwareProfile) and w.profile.value == CALIBRATED
+    w.search.click()
+    assert p.error_text == "" and w.results and all(isinstance(r, StepPrediction) for r in w.results), p.error_text
+    w.table.select(0)
+    w.apply.click()
+    plan = Plan.from_dict(w.results[0].plan_fields).replace(device=s.device)
+    assert p.error_text == "" and s.plan == plan, p.error_text
+    p.views.live_interval = 0.0
+    p.train(3)
+    assert p.wait(300) and p.error_text == "", p.error_text
+    points, line = w.step_time.data
+    assert len(points.x) == 3 and line.mode == "lines"
+    assert line.y[0] == pytest.approx(s.predict_step().seconds * (1e3 if "(ms)" in w.step_time.layout.yaxis.title.text
+                                                                 else 1.0))
+    print("measured", [round(t, 4) for _, t in step_times(s.history, plan.describe())],
+          "predicted", round(s.predict_step().seconds, 4), plan.describe())

@@ -221,30 +221,3 @@ def test_without_a_session_the_page_says_so_and_its_buttons_are_off(monkeypatch)
     assert w.world.value == 2 and not w.search.disabled
     w.search.click()
     assert p.error_text == "" and searched(s)[-1][2]["world"] == 2
-
-
-# ---- against a live session ---------------------------------------------------------------------
-@pytest.mark.session
-def test_the_page_calibrates_searches_applies_and_measures_a_live_session(session4):
-    s = session4
-    s.load_model("tiny-llama")
-    p = Panel(s)
-    w = open_plans(p)
-    w.calibrate.click()
-    assert p.error_text == "", p.error_text
-    assert isinstance(s.calibrated, HardwareProfile) and w.profile.value == CALIBRATED
-    w.search.click()
-    assert p.error_text == "" and w.results and all(isinstance(r, StepPrediction) for r in w.results), p.error_text
-    w.table.select(0)
-    w.apply.click()
-    plan = Plan.from_dict(w.results[0].plan_fields).replace(device=s.device)
-    assert p.error_text == "" and s.plan == plan, p.error_text
-    p.views.live_interval = 0.0
-    p.train(3)
-    assert p.wait(300) and p.error_text == "", p.error_text
-    points, line = w.step_time.data
-    assert len(points.x) == 3 and line.mode == "lines"
-    assert line.y[0] == pytest.approx(s.predict_step().seconds * (1e3 if "(ms)" in w.step_time.layout.yaxis.title.text
-                                                                 else 1.0))
-    print("measured", [round(t, 4) for _, t in viz.step_times(s.history, plan.describe())],
-          "predicted", round(s.predict_step().seconds, 4), plan.describe())

@@ -5,9 +5,10 @@ Owns choosing and configuring ipyparallel's launcher classes (their own options 
 under ipyparallel's names), waiting for the engines while watching what the launcher can tell
 (a Slurm job's state and pending reason, a launcher process that exited), naming the host and
 the reason when engines do not come (which hosts registered none, whether such a host can reach
-the controller at all), and a stop that leaves no job queued and no process behind. The ranks'
-side of a multi-host run (rendezvous, interfaces, same torch) is cluster/rendezvous.py's; this
-module knows nothing of torch or of ranks, only of engines and hosts.
+the controller at all: asked of every SSH host as soon as its engines are launched), and a stop
+that leaves no job queued and no process behind. The ranks' side of a multi-host run
+(rendezvous, interfaces, same torch) is cluster/rendezvous.py's; this module knows nothing of
+torch or of ranks, only of engines and hosts.
 """
 from __future__ import annotations
 
@@ -146,8 +147,12 @@ class LaunchedPool(Pool):
         return next(iter(self.cluster.engines.values()), None)
 
     def _wait_for_engines(self) -> None:
+        reach_checked = False
         while len(self.client.ids) < self.n:
             problem = self._ended()
+            if not problem and not reach_checked and self.launcher == "ssh" and self._controller_address():
+                reach_checked = True
+                problem = self._unreachable()
             if problem:
                 raise LaunchError(problem)
             if time.monotonic() > self._deadline:
@@ -217,18 +222,41 @@ class LaunchedPool(Pool):
             return f"{head} (hosts with engines: {have or 'none'})"
         return f"{head}; " + "; ".join(f"host {h}: {have.get(h, 0)} registered, {self._reach(h)}" for h in short)
 
+    def _unreachable(self) -> str | None:
+        """The SSH hosts that cannot open a connection to the controller, asked of every host at
+        once while the engines start: their engines would never register, so they are named
+        now rather than when the launch times out."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=len(self.hosts) or 1) as pool:
+            said = dict(zip(self.hosts, pool.map(self._reach_probe, self.hosts)))
+        cut = [h for h, (ok, _) in said.items() if not ok]
+        if not cut:
+            return None
+        return (f"{self.launcher}: {len(self.client.ids)} of {self.n} engines registered when the hosts were "
+                "asked; " + "; ".join(f"host {h}: 0 registered, {said[h][1]}" for h in cut))
+
     def _reach(self, host: str) -> str:
         """Whether `host` can open a connection to the controller's registration port (over ssh)."""
+        return self._reach_probe(host)[1]
+
+    def _reach_probe(self, host: str) -> tuple[bool, str]:
+        """(reaches: False only when the probe itself failed to connect, what to say)."""
         addr = self._controller_address()
         if addr is None or not self.ssh_args and self.launcher != "ssh":
-            return "its engine log may say why"
+            return True, "its engine log may say why"
         code = f"import socket; socket.create_connection(({addr[0]!r}, {addr[1]}), {PROBE_S})"
-        out = subprocess.run(["ssh", *self.ssh_args, host, sys.executable, "-c", json.dumps(code)],
-                             capture_output=True, text=True, timeout=PROBE_S + 20)
+        try:
+            out = subprocess.run(["ssh", *self.ssh_args, host, sys.executable, "-c", json.dumps(code)],
+                                 capture_output=True, text=True, timeout=PROBE_S + 20)
+        except subprocess.TimeoutExpired:
+            return True, f"ssh to it did not answer within {PROBE_S + 20:g} s; its engine log may say why"
         if out.returncode == 0:
-            return f"reaches the controller at {addr[0]}:{addr[1]}; its engine log may say why"
-        said = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return f"cannot reach the controller at {addr[0]}:{addr[1]}: {said}"
+            return True, f"reaches the controller at {addr[0]}:{addr[1]}; its engine log may say why"
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
+        if out.returncode == 255:  # ssh's own failure (ssh exits 255), not the probe's
+            return True, f"ssh to it failed ({lines[-1]}); its engine log may say why"
+        return False, f"cannot reach the controller at {addr[0]}:{addr[1]}: {lines[-1]}"
 
     def _controller_address(self) -> tuple[str, int] | None:
         path = Path(self.profile_dir) / "security" / f"ipcontroller-{self.cluster.cluster_id}-engine.json"
