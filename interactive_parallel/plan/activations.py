@@ -405,6 +405,16 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     if plan.recompute != "none" and act_bytes(plan) != FP32:
         cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
         extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
+    pp_rank = coords[MeshAxis.PP]
+    ops = zero_bubble_ops(plan, pp_rank) if plan.zero_bubble else \
+        [(a, local, False) for a, local in schedule_order(plan, pp_rank)]
+    return _replayed_peak(plan, stages, parts, ops, cached, extra), once_per_step(spec, plan, rank)
+
+
+def _replayed_peak(plan: Plan, stages: list[int], parts: list[Parts], ops: list, cached: Parts, extra: Parts) -> Parts:
+    """What this pipeline rank holds at its peak, the schedule's actions replayed in order:
+    `parts` per local stage and microbatch in flight, `cached` the autocast weight copies of the
+    first backward on, `extra` a block's recomputed set during a backward (peak_parts)."""
     # Zero bubble: torch's input half ('B') keeps the graph (retain_graph) for the weight half
     # ('W'), so a microbatch's saved tensors stay until its 'W'; on the last stage its blocks'
     # stay until the step ends (the schedule keeps each microbatch's loss, and the graph with
@@ -412,9 +422,6 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     # (DualPipeV's unsplit halves) frees at 'B' as 1F1B's does. Measured on gloo: exact off
     # the last stage, within 5% on it (tests/test_activations).
     bodies = [p + Parts(head=-p.head) for p in parts]
-    pp_rank = coords[MeshAxis.PP]
-    ops = zero_bubble_ops(plan, pp_rank) if plan.zero_bubble else \
-        [(a, local, False) for a, local in schedule_order(plan, pp_rank)]
     best, after = Parts(), Parts()
     held, waiting, kept = [0] * len(stages), [0] * len(stages), [0] * len(stages)
 
@@ -456,7 +463,7 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
         best = live_now(peak)
         if at_backward is not None:
             best = best + extra + Parts(head=-parts[at_backward].head)
-    return best, once_per_step(spec, plan, rank)
+    return best
 
 
 def extra_weights(spec: ModelSpec, plan: Plan, rank: int) -> int:

@@ -79,69 +79,94 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     all-reduce and the split head's input-gradient all-reduce. Expert parallelism: see _expert_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
-    acc, out = plan.grad_accum, []
-    rows = plan.batch_size // plan.data_parallel // acc
+    rows = plan.batch_size // plan.data_parallel // plan.grad_accum  # one micro-step's rows on this rank
     act = rows * plan.seq_len // plan.cp * spec.hidden_size * FP32
-
-    def add(op: str, axis: str, count: int | None, nbytes: float) -> None:
-        if nbytes > 0:
-            out.append(CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes)))
-
-    units = _unit_bytes(spec, plan, rank)
-    sharded, replicated = plan.gradient_axes
-    f_size, _ = shard_group(plan, coords)
-    if sharded:
-        axis = "_".join(sharded)
-        add("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * sum(s for _, s in units))
-        add("reduce_scatter", axis, len(units) * acc, acc * f_size * sum(s for _, s in units))
-        if replicated:  # HSDP: the shards' owners average across the replicas
-            add("all_reduce", "_".join(replicated), len(units) * acc, acc * sum(s for _, s in units))
-    elif plan.uses_ddp:
-        add("all_reduce", "dp", None, sum(s for _, s in units))
-    elif replicated:
-        axis = "_".join(replicated)
-        times = 1 if plan.pp > 1 else acc
-        add("all_reduce", axis, len(units) * times, times * sum(s for _, s in units))
     layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})
-    if plan.tp > 1:
-        styles = list(spec.family_info.tp_plan.values())
-        rowwise = sum(1 for s in styles if s.startswith("rowwise"))
-        # full recomputation runs each layer's forward again in backward, all-reduces included
-        per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
-        # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
-        # colwise head's input gradient (backward, last stage), once per microbatch. (torch's
-        # loss_parallel also all-reduces a [tokens] max and sum, through functional collectives
-        # the comm ledger does not see: left out, as it leaves them out.)
-        stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
-        ends = (0 in stages) + (plan.n_stages - 1 in stages or plan.pp == 1) if plan.loss_parallel else 0
-        m = plan.n_microbatches if plan.pp > 1 else 1
-        add("all_reduce", "tp", (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act)
-    if plan.pp > 1:
-        total, pp_rank, m = plan.n_stages, coords[MeshAxis.PP], plan.n_microbatches
-        mine = plan.stage_ids(pp_rank)
-        # A neighbour stage on this same rank (the turn of a V schedule) is handed over, not sent.
-        sends = sum(1 for s in mine if s < total - 1 and plan.stage_owner(s + 1) != pp_rank) + \
-            sum(1 for s in mine if s > 0 and plan.stage_owner(s - 1) != pp_rank)
-        add("send", "pp", sends * m * acc, sends * m * acc * act / m)
-        add("recv", "pp", sends * m * acc, sends * m * acc * act / m)
+    parts = (_gradient_comms(spec, plan, rank, coords) + _tp_comms(spec, plan, coords, layers, act) +
+             _pp_comms(plan, coords, act) + _cp_comms(spec, plan, layers, rows) +
+             _expert_comms(spec, plan, rank, layers))
+    return [CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes))
+            for op, axis, count, nbytes in parts if nbytes > 0]
+
+
+Comms = list[tuple[str, str, "int | None", float]]
+"""(op, axis, calls or None for DDP's buckets, bytes) per step, as predict_comms gathers them."""
+
+
+def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxis, int]) -> Comms:
+    """The gradients' averaging over Plan.gradient_axes: FSDP's gathers and reduce-scatters per
+    unit and micro-step (and HSDP's all-reduce across replicas), DDP's bucketed all-reduce, or
+    replicate's all-reduce per unit (once per step under a pipeline, which accumulates)."""
+    acc = plan.grad_accum
+    units = _unit_bytes(spec, plan, rank)
+    shards = sum(s for _, s in units)
+    sharded, replicated = plan.gradient_axes
+    if sharded:
+        f_size, _ = shard_group(plan, coords)
+        axis = "_".join(sharded)
+        out: Comms = [("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * shards),
+                      ("reduce_scatter", axis, len(units) * acc, acc * f_size * shards)]
+        if replicated:  # HSDP: the shards' owners average across the replicas
+            out.append(("all_reduce", "_".join(replicated), len(units) * acc, acc * shards))
+        return out
+    if plan.uses_ddp:
+        return [("all_reduce", "dp", None, shards)]
+    if replicated:
+        times = 1 if plan.pp > 1 else acc
+        return [("all_reduce", "_".join(replicated), len(units) * times, times * shards)]
+    return []
+
+
+def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: int, act: int) -> Comms:
+    """TP's all-reduces: after each rowwise linear (forward, again under full recomputation) and
+    of each colwise linear's input gradient (backward), per microbatch; loss parallel's two."""
+    if plan.tp == 1:
+        return []
+    styles = list(spec.family_info.tp_plan.values())
+    rowwise = sum(1 for s in styles if s.startswith("rowwise"))
+    per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
+    # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
+    # colwise head's input gradient (backward, last stage), once per microbatch. (torch's
+    # loss_parallel also all-reduces a [tokens] max and sum, through functional collectives
+    # the comm ledger does not see: left out, as it leaves them out.)
+    stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
+    ends = (0 in stages) + (plan.n_stages - 1 in stages or plan.pp == 1) if plan.loss_parallel else 0
+    m = plan.n_microbatches if plan.pp > 1 else 1
+    acc = plan.grad_accum
+    return [("all_reduce", "tp", (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act)]
+
+
+def _pp_comms(plan: Plan, coords: dict[MeshAxis, int], act: int) -> Comms:
+    """The pipeline's sends and receives: a microbatch's activations (or their gradient) per hop
+    between stages on different ranks."""
+    if plan.pp == 1:
+        return []
+    total, pp_rank, m, acc = plan.n_stages, coords[MeshAxis.PP], plan.n_microbatches, plan.grad_accum
+    mine = plan.stage_ids(pp_rank)
+    # A neighbour stage on this same rank (the turn of a V schedule) is handed over, not sent.
+    sends = sum(1 for s in mine if s < total - 1 and plan.stage_owner(s + 1) != pp_rank) + \
+        sum(1 for s in mine if s > 0 and plan.stage_owner(s - 1) != pp_rank)
+    return [("send", "pp", sends * m * acc, sends * acc * act), ("recv", "pp", sends * m * acc, sends * acc * act)]
+
+
+def _cp_comms(spec: ModelSpec, plan: Plan, layers: int, rows: int) -> Comms:
+    """CP's K and V per layer: all-gathered and their gradients all-reduced, or (ring) one block
+    per hop to the next cp rank and the gradients back."""
+    if plan.cp == 1:
+        return []
+    acc = plan.grad_accum
     kv = rows * plan.seq_len * spec.num_kv_heads * (spec.hidden_size // spec.num_heads) * FP32 // plan.tp
-    if plan.cp > 1 and plan.cp_method == "ring":
+    if plan.cp_method == "ring":
         block = 2 * kv // plan.cp  # K and V of this rank's tokens, packed (dK|dV travel in fp32 too)
         # forward cp-1 hops (again under recomputation); backward cp-1 K|V hops and cp dK|dV hops
         hops = layers * acc * ((plan.cp - 1) * (2 if plan.recompute != "none" else 1) + (plan.cp - 1) + plan.cp)
-        add("send", "cp", hops, hops * block)
-        add("recv", "cp", hops, hops * block)
-    elif plan.cp > 1:
-        # recomputation gathers K and V again (their c10d all_gather is not among the saved ops)
-        gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)
-        add("all_gather", "cp", gathers, gathers * kv)
-        add("all_reduce", "cp", (2 * layers + 1) * acc, 2 * layers * acc * kv)
-    for op, axis, count, nbytes in _expert_comms(spec, plan, rank, layers):
-        add(op, axis, count, nbytes)
-    return out
+        return [("send", "cp", hops, hops * block), ("recv", "cp", hops, hops * block)]
+    # recomputation gathers K and V again (their c10d all_gather is not among the saved ops)
+    gathers = 2 * layers * acc * (2 if plan.recompute != "none" else 1)
+    return [("all_gather", "cp", gathers, gathers * kv), ("all_reduce", "cp", (2 * layers + 1) * acc, 2 * layers * acc * kv)]
 
 
-def _expert_comms(spec: ModelSpec, plan: Plan, rank: int, layers: int) -> list[tuple[str, str, int, int]]:
+def _expert_comms(spec: ModelSpec, plan: Plan, rank: int, layers: int) -> Comms:
     """(op, axis, count, bytes) per step of expert parallelism on `rank` holding `layers` MoE layers,
     at uniform routing (each rank's experts receive as many (token, slot) pairs as it sends).
 
