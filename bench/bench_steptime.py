@@ -43,9 +43,11 @@ def one_round(session, model: str, plans: list[str], warmup: int, steps: int) ->
     """The anchor's steps, a calibration, then each plan's measured and predicted step: one row per plan."""
     from interactive_parallel import Plan
 
-    measured_step(session, Plan(**ANCHOR, **BATCH), warmup, steps)
+    anchor = measured_step(session, Plan(**ANCHOR, **BATCH), warmup, steps)
     profile = session.calibrate()
-    print(f"\n{model}: calibrated fp32 {profile.flops['fp32'] / 1e9:.1f} GFLOP/s, op {profile.op_overhead_s * 1e6:.1f} us, "
+    # the anchor plan measured again first in the table: its gap is how far the machine moved
+    # between the anchor's steps and the table's, which every other row's gap carries too
+    print(f"\n{model}: anchor run {anchor * 1e3:.1f} ms before calibrating; calibrated fp32 {profile.flops['fp32'] / 1e9:.1f} GFLOP/s, op {profile.op_overhead_s * 1e6:.1f} us, "
           f"memory {profile.memory_bandwidth / 1e9:.1f} GB/s, overlap {profile.overlap:.2f}, per-step cost "
           f"{profile.step_overhead_s * 1e3:.1f} ms, replicated wrapper's {profile.replica_overhead_s * 1e3:.1f} ms")
     print(f"{'plan':12s} {'measured ms':>12s} {'predicted':>10s} {'gap':>6s} {'compute':>8s} {'comm':>7s} "
