@@ -2,7 +2,11 @@
 
 Owns process start (torch.multiprocessing, spawn), the free loopback port, one intra-op
 thread per rank, a wall-clock timeout, and turning a rank's exception into a
-RuntimeError that names the rank and carries its traceback. Each rank joins the group
+RuntimeError that names the rank and carries its traceback. A rank that dies of a native
+crash (SIGSEGV, SIGBUS: a fault in torch's or gloo's C++, which no Python code of ours or of
+the test can raise) is named first, before the peers' connection errors it causes, with the
+Python stack faulthandler prints on its stderr; the group is then run once more, with a
+warning that says so (a crash twice fails). A rank's exception is never retried. Each rank joins the group
 through runtime.launch, the start-up of a torchrun process, given what torchrun would set. Knows nothing of
 what the ranks compute: `fn(rank, *args)` must be a module-level (picklable) function.
 """
@@ -11,8 +15,10 @@ from __future__ import annotations
 import io
 import os
 import queue
+import signal
 import time
 import traceback
+import warnings
 
 import torch
 import torch.multiprocessing as mp
@@ -22,10 +28,21 @@ class RankFailure(RuntimeError):
     """One or more ranks raised, died or timed out."""
 
 
+class RankCrashed(RankFailure):
+    """A rank died of a native crash (CRASHES)."""
+
+
+CRASHES = {-signal.SIGSEGV: "SIGSEGV", -signal.SIGBUS: "SIGBUS"}
+"""Exit codes of a rank process killed by a fault in native code."""
+
+
 def _entry(fn, rank: int, world: int, port: int, timeout_s: float, args, out) -> None:
     try:
+        import faulthandler
+
         import torch
 
+        faulthandler.enable()  # a native crash prints the rank's Python stack on stderr
         torch.set_num_threads(1)
         from interactive_parallel.runtime import dist as rdist
         from interactive_parallel.runtime.launch import init_from_env
@@ -48,6 +65,14 @@ def _entry(fn, rank: int, world: int, port: int, timeout_s: float, args, out) ->
 
 def run_ranks(fn, world: int, *args, timeout_s: float = 240.0, collective_timeout_s: float = 60.0) -> list:
     """[fn(0, *args), ..., fn(world - 1, *args)], each run in its own process with gloo."""
+    try:
+        return _run_once(fn, world, args, timeout_s, collective_timeout_s)
+    except RankCrashed as exc:
+        warnings.warn(f"{exc.args[0].splitlines()[0]}: the group of {fn.__name__} runs once more", RuntimeWarning)
+        return _run_once(fn, world, args, timeout_s, collective_timeout_s)
+
+
+def _run_once(fn, world: int, args: tuple, timeout_s: float, collective_timeout_s: float) -> list:
     from interactive_parallel.runtime.dist import free_port
 
     ctx = mp.get_context("spawn")
@@ -83,6 +108,7 @@ def _collect(procs, out, world: int, timeout_s: float) -> list:
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0) and i not in results]
                 if dead and out.empty():
+                    _raise_crashed(procs, [])
                     raise RankFailure(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode}") from None
                 continue
             if ok:
@@ -92,6 +118,7 @@ def _collect(procs, out, world: int, timeout_s: float) -> list:
                 # The others may be blocked in a collective with the failed rank: stop waiting.
                 break
         if failures:
+            _raise_crashed(procs, failures)
             raise RankFailure("\n".join(failures))
         return [results[r] for r in range(world)]
     finally:
@@ -101,3 +128,14 @@ def _collect(procs, out, world: int, timeout_s: float) -> list:
             if p.is_alive():
                 p.kill()
                 p.join(timeout=2)
+
+
+def _raise_crashed(procs, failures: list[str]) -> None:
+    """RankCrashed naming the ranks that died of a native crash, when any did (a peer's error,
+    often gloo's 'Connection reset by peer', is its consequence and follows it)."""
+    deadline = time.monotonic() + 2.0  # a crashed rank's exit code may come a moment after its peer's error
+    while time.monotonic() < deadline and not any(p.exitcode in CRASHES for p in procs):
+        time.sleep(0.05)
+    crashed = [f"rank {i} died of {CRASHES[p.exitcode]}" for i, p in enumerate(procs) if p.exitcode in CRASHES]
+    if crashed:
+        raise RankCrashed("; ".join(crashed) + ("\n" + "\n".join(failures) if failures else "")) from None
