@@ -6,9 +6,10 @@ RuntimeError that names the rank and carries its traceback. A rank that dies of 
 crash (SIGSEGV, SIGBUS: a fault in torch's or gloo's C++, which no Python code of ours or of
 the test can raise) is named first, before the peers' connection errors it causes, with the
 Python stack faulthandler prints on its stderr; the group is then run once more, with a
-warning that says so (a crash twice fails). A rank's exception is never retried. Each rank joins the group
-through runtime.launch, the start-up of a torchrun process, given what torchrun would set. Knows nothing of
-what the ranks compute: `fn(rank, *args)` must be a module-level (picklable) function.
+warning that says so (a crash twice fails). A rank's exception is never retried. Each rank
+joins the group through runtime.launch, the start-up of a torchrun process, given what
+torchrun would set. Knows nothing of what the ranks compute: `fn(rank, *args)` must be a
+module-level (picklable) function.
 """
 from __future__ import annotations
 

@@ -23,34 +23,52 @@ def laid_out(session4):
     return session4
 
 
-def _gate_steps_after(step: int, gate: str, wait_s: float) -> None:
-    """Make every optimizer step after `step` wait until the file `gate` exists: the client
-    writes it when it has seen step `step`, so a run whose records did not stream would stop
-    here and raise instead of finishing (a test fault, undone by `_heal`)."""
-    import os
-
+def _wrap_train_step(wrap) -> None:
+    """On a rank: runtime.train.train_step replaced by `wrap(real)` (a test fault, undone by `_heal`)."""
     import interactive_parallel.runtime.train as train
-    from interactive_parallel.runtime import state
 
     real = getattr(train, "_real_train_step", train.train_step)
     train._real_train_step = real
+    train.train_step = wrap(real)
 
-    def gated(par, optimizer, index, **kw):
-        deadline = time.monotonic() + wait_s
-        while index > step and not os.path.exists(gate):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"rank {state.get().rank}: step {step} never reached the client")
-            time.sleep(0.01)
-        return real(par, optimizer, index, **kw)
 
-    train.train_step = gated
+def _heal() -> None:
+    import interactive_parallel.runtime.train as train
+
+    train.train_step = getattr(train, "_real_train_step", train.train_step)
+
+
+def _step_now(s) -> int:
+    """The optimizer step the ranks will number next."""
+    return s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+
+
+def _gate_steps_after(step: int, gate: str, wait_s: float) -> None:
+    """Make every optimizer step after `step` wait until the file `gate` exists: the client
+    writes it when it has seen step `step`, so a run whose records did not stream would stop
+    here and raise instead of finishing."""
+    import os
+
+    from interactive_parallel.runtime import state
+
+    def wrap(real):
+        def gated(par, optimizer, index, **kw):
+            deadline = time.monotonic() + wait_s
+            while index > step and not os.path.exists(gate):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {state.get().rank}: step {step} never reached the client")
+                time.sleep(0.01)
+            return real(par, optimizer, index, **kw)
+        return gated
+
+    _wrap_train_step(wrap)
 
 
 def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monkeypatch, tmp_path):
     s = laid_out
     submits = []
     real = s.ranks.caller.submit
-    first = s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+    first = _step_now(s)
     gate = tmp_path / "client-saw-the-first-step"
     s.run(_gate_steps_after, first, str(gate), 30.0)
     monkeypatch.setattr(s.ranks.caller, "submit", lambda fn, *a, **k: submits.append(fn.__name__) or real(fn, *a, **k))
@@ -102,24 +120,16 @@ def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session
 
 def _fail_at_step(rank: int, step: int) -> None:
     """Make `rank` raise in the optimizer step numbered `step` (a test fault)."""
-    import interactive_parallel.runtime.train as train
     from interactive_parallel.runtime import state
 
-    real = getattr(train, "_real_train_step", train.train_step)
-    train._real_train_step = real
+    def wrap(real):
+        def faulty(par, optimizer, index, **kw):
+            if state.get().rank == rank and index == step:
+                raise RuntimeError(f"injected failure at step {step}")
+            return real(par, optimizer, index, **kw)
+        return faulty
 
-    def faulty(par, optimizer, index, **kw):
-        if state.get().rank == rank and index == step:
-            raise RuntimeError(f"injected failure at step {step}")
-        return real(par, optimizer, index, **kw)
-
-    train.train_step = faulty
-
-
-def _heal() -> None:
-    import interactive_parallel.runtime.train as train
-
-    train.train_step = getattr(train, "_real_train_step", train.train_step)
+    _wrap_train_step(wrap)
 
 
 def test_rank_failing_mid_run_is_named_and_steps_done_are_kept():
@@ -129,7 +139,7 @@ def test_rank_failing_mid_run_is_named_and_steps_done_are_kept():
         s.load_model("tiny-llama")
         s.apply(Plan(dp=2, batch_size=4, seq_len=16))
         start = len(s.history)
-        first = s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+        first = _step_now(s)
         s.run(_fail_at_step, 1, first + 3)
         with pytest.raises(RankError) as exc:
             s.train(steps=10)

@@ -220,7 +220,7 @@ class LaunchedPool(Pool):
         short = [h for h, k in expected.items() if have.get(h, 0) < max(k, 1)]
         if not short:
             return f"{head} (hosts with engines: {have or 'none'})"
-        return f"{head}; " + "; ".join(f"host {h}: {have.get(h, 0)} registered, {self._reach(h)}" for h in short)
+        return f"{head}; " + "; ".join(f"host {h}: {have.get(h, 0)} registered, {self._reach(h)[1]}" for h in short)
 
     def _unreachable(self) -> str | None:
         """The SSH hosts that cannot open a connection to the controller, asked of every host at
@@ -229,19 +229,16 @@ class LaunchedPool(Pool):
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(max_workers=len(self.hosts) or 1) as pool:
-            said = dict(zip(self.hosts, pool.map(self._reach_probe, self.hosts)))
+            said = dict(zip(self.hosts, pool.map(self._reach, self.hosts)))
         cut = [h for h, (ok, _) in said.items() if not ok]
         if not cut:
             return None
         return (f"{self.launcher}: {len(self.client.ids)} of {self.n} engines registered when the hosts were "
                 "asked; " + "; ".join(f"host {h}: 0 registered, {said[h][1]}" for h in cut))
 
-    def _reach(self, host: str) -> str:
-        """Whether `host` can open a connection to the controller's registration port (over ssh)."""
-        return self._reach_probe(host)[1]
-
-    def _reach_probe(self, host: str) -> tuple[bool, str]:
-        """(reaches: False only when the probe itself failed to connect, what to say)."""
+    def _reach(self, host: str) -> tuple[bool, str]:
+        """Whether `host` can open a connection to the controller's registration port (over ssh):
+        (False only when the probe itself failed to connect, what to say)."""
         addr = self._controller_address()
         if addr is None or not self.ssh_args and self.launcher != "ssh":
             return True, "its engine log may say why"
