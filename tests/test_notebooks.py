@@ -3,6 +3,10 @@ claim it checks with `interactive_parallel.lessons.expect` holds: a claim that n
 fails the test with the notebook's name and the claim's own words.
 
 Notebooks are committed without outputs (checked here too, so they stay small in git).
+
+The tour (00) is executed once, by tests/test_binder.py in the environment Binder builds, with
+every check of this module (run_notebook): a second run here would repeat the same cells on the
+same package for a minute.
 """
 from __future__ import annotations
 
@@ -15,13 +19,23 @@ from nbclient.exceptions import CellExecutionError
 
 pytestmark = pytest.mark.notebook
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+TOUR = "00_tour"
+"""Run by tests/test_binder.py, in Binder's environment."""
+HERE = [p for p in NOTEBOOKS if p.stem != TOUR]
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+@pytest.mark.parametrize("path", HERE, ids=[p.stem for p in HERE])
 def test_notebook_runs_without_errors(path, tmp_path):
+    run_notebook(path, tmp_path)
+
+
+def run_notebook(path: Path, tmp_path: Path, kernel: str = "python3") -> None:
+    """Execute `path` headless in `kernel`: committed without outputs, no error output, every
+    expect() claim holds (a failed one names the notebook and the claim), at least one checked.
+    The executed copy lands in `tmp_path`."""
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
-    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
+    client = NotebookClient(nb, timeout=600, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()
     except CellExecutionError as e:
@@ -61,7 +75,7 @@ def test_a_failed_claim_names_the_notebook_and_the_claim(tmp_path):
     path = tmp_path / "claims.ipynb"
     nbformat.write(nb, path)
     with pytest.raises(pytest.fail.Exception) as e:
-        test_notebook_runs_without_errors(path, tmp_path)
+        run_notebook(path, tmp_path)
     assert str(e.value) == "claims.ipynb: no longer true: every rank holds the same bytes  ({1, 2})"
     executed = nbformat.read(path, as_version=4)  # the test writes the executed copy over it
     assert checked_claims(executed) == ["checked: two and two make four"]

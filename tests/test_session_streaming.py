@@ -91,15 +91,37 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
     assert [(r.rank, r.step, r.loss) for r in s.history[-len(out):]] == [(r.rank, r.step, r.loss) for r in out]
 
 
+def _hold_steps_after_until_asked(step: int, wait_s: float) -> None:
+    """Make every optimizer step after `step` wait until this rank has been asked to stop (its
+    own view, runtime.channel.stop_requested): the ranks cannot run ahead of the request, however
+    slow the client is to see the steps and ask (a test fault, undone by `_heal`)."""
+    from interactive_parallel.runtime import channel, state
+
+    def wrap(real):
+        def held(par, optimizer, index, **kw):
+            deadline = time.monotonic() + wait_s
+            while index > step and not channel.stop_requested():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {state.get().rank}: the stop request never arrived")
+                time.sleep(0.01)
+            return real(par, optimizer, index, **kw)
+        return held
+
+    _wrap_train_step(wrap)
+
+
 @pytest.mark.parametrize("plan", [PLAN, Plan(dp=4, batch_size=8, seq_len=32)], ids=["dp2xtp2", "dp4"])
 def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session4, plan):
     """Under dp2xtp2 the ranks vote in a collective of its own; under pure DDP the vote rides
-    in the last gradient bucket (runtime.channel.ddp_vote_hook). A step of dp4 is shorter than
-    the 0.1 s by which ranks may hold records back, so the client sees step 3 later there:
-    the bound is in steps after the one the client saw when it asked."""
+    in the last gradient bucket (runtime.channel.ddp_vote_hook). The client asks to stop once it
+    has seen three steps; the ranks hold the fourth until each has the request (a gate, so the
+    count does not depend on how fast the machine is): the vote cast during that fourth step
+    stops every rank at its end, one step after the request, never later."""
     s = session4
     s.load_model("tiny-llama")
     s.apply(plan)
+    first = _step_now(s)
+    s.run(_hold_steps_after_until_asked, first + 2, 60.0)
     seen = []
 
     def on_step(recs):
@@ -107,13 +129,15 @@ def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session
         if len(seen) == 3:
             threading.Thread(target=s.interrupt).start()  # as the panel's Stop does, from elsewhere
 
-    out = s.train(steps=200, on_step=on_step)
+    try:
+        out = s.train(steps=200, on_step=on_step)
+    finally:
+        s.run(_heal)
     steps = sorted({r.step for r in out})
     per_rank = {rank: sorted(r.step for r in out if r.rank == rank) for rank in range(4)}
     assert all(v == steps for v in per_rank.values()), per_rank  # the same boundary on every rank
-    asked_after = max(seen[:3]) + 1  # steps the client had seen when it asked
-    short = plan.dp == 4  # steps far shorter than the publishing interval: more in flight unseen
-    assert 3 <= len(steps) <= asked_after + (8 if short else 2), (steps, seen)
+    assert seen[:3] == list(range(first, first + 3)), seen
+    assert steps == list(range(first, first + 4)), (steps, seen)  # the step after the request, no more
     assert s.verify().ok  # nothing left half-done
     assert len(s.train(steps=1)) == 4
 
