@@ -93,13 +93,16 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
 
 def _hold_steps_after_until_asked(step: int, wait_s: float) -> None:
     """Make every optimizer step after `step` wait until this rank has been asked to stop (its
-    own view, runtime.channel.stop_requested): the ranks cannot run ahead of the request, however
-    slow the client is to see the steps and ask (a test fault, undone by `_heal`)."""
+    own view, runtime.channel.stop_requested), once what it holds for the client has gone: the
+    ranks cannot run ahead of the request, however slow the client is to see the steps and ask
+    (a test fault, undone by `_heal`)."""
     from interactive_parallel.runtime import channel, state
 
     def wrap(real):
         def held(par, optimizer, index, **kw):
             deadline = time.monotonic() + wait_s
+            if index > step:
+                channel.flush()  # records held back for the next publish go now: the client sees them
             while index > step and not channel.stop_requested():
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"rank {state.get().rank}: the stop request never arrived")
