@@ -35,10 +35,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in fast or item.get_closest_marker("pure"):
             item.add_marker(pytest.mark.fast)
-    collected = {item.nodeid.split("::")[0] for item in items}
-    stale = [n for n in FAST if n.split("::")[0] in collected and n not in tiers]
+    whole = {item.nodeid.split("::")[0] for item in items}  # modules collected whole (no test named)
+    whole -= {arg.split("::")[0] for arg in config.args if "::" in arg}
+    stale = [n for n in FAST if n.split("::")[0] in whole and n not in tiers]
     if stale:
         raise pytest.UsageError("conftest.FAST names tests that do not exist: " + ", ".join(stale))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many spawned groups ran again after a native crash (tests/mp_harness.py): a green
+    run with reruns is not a clean one, and says so."""
+    import sys
+
+    harness = sys.modules.get("mp_harness")
+    reruns = getattr(harness, "RERUNS", [])
+    if reruns:
+        terminalreporter.write_sep("=", f"{len(reruns)} spawned group(s) ran again after a native crash")
+        for line in reruns:
+            terminalreporter.write_line(line)
 
 
 def pool_footprint(session) -> tuple[list[int], list[int]]:

@@ -89,12 +89,18 @@ def _entry(fn, rank: int, world: int, port: int, timeout_s: float, args, out, en
         out.put((rank, False, traceback.format_exc()))
 
 
+RERUNS: list[str] = []
+"""One line per group this process ran again after a native crash (the suite's summary counts them)."""
+
+
 def run_ranks(fn, world: int, *args, timeout_s: float = 240.0, collective_timeout_s: float = 60.0) -> list:
     """[fn(0, *args), ..., fn(world - 1, *args)], each run in its own process with gloo."""
     try:
         return _run_once(fn, world, args, timeout_s, collective_timeout_s)
     except RankCrashed as exc:
-        warnings.warn(f"{exc.args[0].splitlines()[0]}: the group of {fn.__name__} runs once more", RuntimeWarning)
+        line = f"{exc.args[0].splitlines()[0]}: the group of {fn.__name__} runs once more"
+        RERUNS.append(line)
+        warnings.warn(line, RuntimeWarning)
         return _run_once(fn, world, args, timeout_s, collective_timeout_s)
 
 

@@ -43,23 +43,32 @@ def _step_now(s) -> int:
     return s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
 
 
-def _gate_steps_after(step: int, gate: str, wait_s: float) -> None:
-    """Make every optimizer step after `step` wait until the file `gate` exists: the client
-    writes it when it has seen step `step`, so a run whose records did not stream would stop
-    here and raise instead of finishing."""
+def _hold_steps_after(step: int, wait_s: float, gate: str | None = None) -> None:
+    """Make every optimizer step after `step` wait (a test fault, undone by `_heal`):
+    - with `gate`, until that file exists: the client writes it when it has seen step `step`,
+      so a run whose records did not stream would stop here and raise instead of finishing;
+    - without, until this rank has been asked to stop (its own view,
+      runtime.channel.stop_requested), once what it holds for the client has gone: the ranks
+      cannot run ahead of the request, however slow the client is to see the steps and ask."""
     import os
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime import channel, state
+
+    def released() -> bool:
+        return os.path.exists(gate) if gate else channel.stop_requested()
 
     def wrap(real):
-        def gated(par, optimizer, index, **kw):
+        def held(par, optimizer, index, **kw):
             deadline = time.monotonic() + wait_s
-            while index > step and not os.path.exists(gate):
+            if index > step and not gate:
+                channel.flush()  # records held back for the next publish go now: the client sees them
+            while index > step and not released():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"rank {state.get().rank}: step {step} never reached the client")
+                    waited = f"step {step} never reached the client" if gate else "the stop request never arrived"
+                    raise RuntimeError(f"rank {state.get().rank}: {waited}")
                 time.sleep(0.01)
             return real(par, optimizer, index, **kw)
-        return gated
+        return held
 
     _wrap_train_step(wrap)
 
@@ -70,7 +79,7 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
     real = s.ranks.caller.submit
     first = _step_now(s)
     gate = tmp_path / "client-saw-the-first-step"
-    s.run(_gate_steps_after, first, str(gate), 30.0)
+    s.run(_hold_steps_after, first, 30.0, str(gate))
     monkeypatch.setattr(s.ranks.caller, "submit", lambda fn, *a, **k: submits.append(fn.__name__) or real(fn, *a, **k))
     arrivals = []
 
@@ -91,28 +100,6 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
     assert [(r.rank, r.step, r.loss) for r in s.history[-len(out):]] == [(r.rank, r.step, r.loss) for r in out]
 
 
-def _hold_steps_after_until_asked(step: int, wait_s: float) -> None:
-    """Make every optimizer step after `step` wait until this rank has been asked to stop (its
-    own view, runtime.channel.stop_requested), once what it holds for the client has gone: the
-    ranks cannot run ahead of the request, however slow the client is to see the steps and ask
-    (a test fault, undone by `_heal`)."""
-    from interactive_parallel.runtime import channel, state
-
-    def wrap(real):
-        def held(par, optimizer, index, **kw):
-            deadline = time.monotonic() + wait_s
-            if index > step:
-                channel.flush()  # records held back for the next publish go now: the client sees them
-            while index > step and not channel.stop_requested():
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"rank {state.get().rank}: the stop request never arrived")
-                time.sleep(0.01)
-            return real(par, optimizer, index, **kw)
-        return held
-
-    _wrap_train_step(wrap)
-
-
 @pytest.mark.parametrize("plan", [PLAN, Plan(dp=4, batch_size=8, seq_len=32)], ids=["dp2xtp2", "dp4"])
 def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session4, plan):
     """Under dp2xtp2 the ranks vote in a collective of its own; under pure DDP the vote rides
@@ -124,7 +111,7 @@ def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session
     s.load_model("tiny-llama")
     s.apply(plan)
     first = _step_now(s)
-    s.run(_hold_steps_after_until_asked, first + 2, 60.0)
+    s.run(_hold_steps_after, first + 2, 60.0)
     seen = []
 
     def on_step(recs):
