@@ -1,6 +1,6 @@
 """Spawn a group of gloo ranks on this host, run one function on each, return what each returned.
 
-Owns process start (torch.multiprocessing, spawn), the free loopback port, one intra-op
+Owns process start (torch.multiprocessing, forkserver), the free loopback port, one intra-op
 thread per rank, a wall-clock timeout, and turning a rank's exception into a
 RuntimeError that names the rank and carries its traceback. A rank that dies of a native
 crash (SIGSEGV, SIGBUS: a fault in torch's or gloo's C++, which no Python code of ours or of
@@ -16,8 +16,9 @@ runtime once (PRELOAD) and forks each rank from that: a group no longer pays eac
 imports (seconds per rank on 2 cores, over about fifty groups a run). The server is started
 by the first group and forks with the environment it was started with, so each rank is handed
 the caller's environment of the moment (a test's monkeypatched variable reaches its ranks as
-under spawn). The server takes no other state: nothing is computed, no thread started and no
-process group made before a fork.
+under spawn). The server takes no other state: nothing is computed and no process group made
+before a fork (torch's import leaves one idle native thread, as in the engines' zygote,
+cluster/zygote.py, which forks the same way).
 """
 from __future__ import annotations
 
