@@ -1,8 +1,15 @@
-"""Shared fixtures: a live 4-rank session per module, and leak checks for pools."""
+"""Shared fixtures (a live 4-rank session per module, leak checks for pools), the tiers, and how
+the suite shares two cores: pytest-xdist's workers each take whole units (a module, or a group
+of modules that share a session fixture or the machine's network namespaces), the costliest
+first, those that mostly wait beside those that compute; each worker keeps its temporary files
+and session scratch in directories of its own."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 import time
 
 import psutil
@@ -21,6 +28,59 @@ FAST = (
 (a spawned parity group, a live session, a notebook)."""
 
 
+WAITING = ("faults", "launchers", "multihost")
+"""Tiers whose time is mostly waiting (collective timeouts, pools dying and restarting, Slurm and
+sshd): under xdist they are handed out between the computing tiers, so the two workers are
+rarely both idle."""
+COMPUTING = ("notebook", "session", "multirank", "browser", "rank1", "pure")
+"""The other tiers, costliest first, so the run ends on short units that even the workers out."""
+UNITS = {
+    "tests/test_activations.py": "parity_steps", "tests/test_dryrun.py": "parity_steps",
+    "tests/test_launchers.py": "hosts", "tests/test_multihost.py": "hosts",
+}
+"""Modules that must run in one worker: one session fixture (parity_steps), or namespaced hosts
+beside Slurm's daemons on fixed ports."""
+APART = ("tests/test_notebooks.py",)
+"""Modules whose tests share nothing (each notebook starts its own kernel and pool): each test is
+a unit of its own, which evens the workers out."""
+
+
+def _unit(item) -> str:
+    module = item.nodeid.split("::")[0]
+    return item.nodeid if module in APART else UNITS.get(module, module)
+
+
+def _schedule(config, items, tier_of: dict) -> None:
+    """Under xdist: mark each test with its unit (--dist loadgroup keeps a unit in one worker, so
+    its module fixtures start once) and order the units, waiting and computing in turn."""
+    units: dict[str, list] = {}
+    for item in items:
+        units.setdefault(_unit(item), []).append(item)
+    by_tier = {t: [u for u, its in units.items() if tier_of[its[0].nodeid] == t] for t in TIERS}
+    waiting = [u for t in WAITING for u in by_tier[t]]
+    computing = [u for t in COMPUTING for u in by_tier[t]]
+    order = []
+    while waiting or computing:
+        order += [lane.pop(0) for lane in (computing, waiting) if lane]
+    items[:] = [item for unit in order for item in units[unit]]
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_unit(item)))
+
+
+def pytest_configure(config):
+    """An xdist worker's temporary files and session scratch go to directories of its own, so
+    what one worker's tests count as left behind (tests/test_cycles.py) is theirs alone."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        config._own_dirs = [tempfile.mkdtemp(prefix=f"ip-{worker}-"),
+                            tempfile.mkdtemp(prefix=f"ip-{worker}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)]
+        os.environ["TMPDIR"], os.environ["IP_SCRATCH_BASE"] = config._own_dirs
+        tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+        for path in config._own_dirs:  # at exit, after multiprocessing's own clean-up (atexit runs last first)
+            atexit.register(shutil.rmtree, path, True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends each test's group to its node id
 def pytest_collection_modifyitems(config, items):
     """Every test belongs to exactly one tier (`-m pure` must run every pure test, and only
     tests that start no process): refuse one with none or with several (a module's mark and a
@@ -40,15 +100,34 @@ def pytest_collection_modifyitems(config, items):
     stale = [n for n in FAST if n.split("::")[0] in whole and n not in tiers]
     if stale:
         raise pytest.UsageError("conftest.FAST names tests that do not exist: " + ", ".join(stale))
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):  # an xdist worker
+        _schedule(config, items, {node: found[0] for node, found in tiers.items()})
+
+
+_WORKER_RERUNS: list[str] = []
+"""What the xdist workers' harnesses reran (pytest_testnodedown gathers it)."""
+
+
+def _reruns() -> list[str]:
+    import sys
+
+    return getattr(sys.modules.get("mp_harness"), "RERUNS", [])
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: hand them to the controller
+        session.config.workeroutput["reruns"] = list(_reruns())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    _WORKER_RERUNS.extend(getattr(node, "workeroutput", {}).get("reruns", []))
 
 
 def pytest_terminal_summary(terminalreporter):
-    """How many spawned groups ran again after a native crash (tests/mp_harness.py): a green
-    run with reruns is not a clean one, and says so."""
-    import sys
-
-    harness = sys.modules.get("mp_harness")
-    reruns = getattr(harness, "RERUNS", [])
+    """How many spawned groups ran again after a native crash (tests/mp_harness.py), in this
+    process or in any xdist worker: a green run with reruns is not a clean one, and says so."""
+    reruns = _reruns() + _WORKER_RERUNS
     if reruns:
         terminalreporter.write_sep("=", f"{len(reruns)} spawned group(s) ran again after a native crash")
         for line in reruns:

@@ -5,8 +5,8 @@ After one cycle that creates what a process makes once (below), each of eight cy
 pp in turn), trains two steps with the probes on (memory, comm ledger, compute intervals;
 the default) and a snapshot, and stops. Counted before the eight and after them:
 this process's child processes and their listening ports, this process's threads, the
-shared-memory segments in /dev/shm and the entries of the temporary directory (new ones
-only, each named when it is left). Each cycle also checks its own pool's processes and ports
+shared-memory segments in /dev/shm, the entries of the scratch base (records.state.scratch_base:
+an xdist worker's own) and of the temporary directory (new ones only, each named when it is left). Each cycle also checks its own pool's processes and ports
 are gone (live_session).
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 
 from conftest import live_session
 from interactive_parallel import Plan
+from interactive_parallel.records.state import scratch_base
 
 pytestmark = pytest.mark.faults
 
@@ -41,6 +42,7 @@ def _footprint() -> dict[str, set]:
         "ports": ports,
         "threads": {t.name for t in threading.enumerate()} | {f"os threads: {me.num_threads()}"},
         "shared memory": set(os.listdir("/dev/shm")),
+        "scratch entries": set(os.listdir(scratch_base())),
         "temp entries": set(os.listdir(tempfile.gettempdir())),
     }
 

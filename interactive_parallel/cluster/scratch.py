@@ -1,7 +1,7 @@
 """The session's scratch directory: where the ranks move state through files (re-plans, snapshots).
 
 Owns one directory per session that every rank can read: by default a fresh one on the
-host's tmpfs (/dev/shm, else the system's temporary directory), which outlives a killed
+host's tmpfs (records.state.scratch_base: /dev/shm unless $IP_SCRATCH_BASE says where), which outlives a killed
 rank process on the same host, removed when the session stops; and a leash (the pool's
 watcher, cluster/reaper.py, with a state file of its own) that removes it if this client
 process dies first. A directory the user gives (`Session(state_dir=...)`, e.g. a shared
@@ -19,14 +19,11 @@ import tempfile
 from typing import TYPE_CHECKING
 
 from ..records import ScratchLayout
+from ..records.state import scratch_base
 from .errors import SessionError
 
 if TYPE_CHECKING:
     from .rankset import RankSet
-
-
-def default_base() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
 class Scratch:
@@ -44,7 +41,7 @@ class Scratch:
     @property
     def path(self) -> str:
         if self._path is None:
-            self._path = tempfile.mkdtemp(prefix="ip-state-", dir=default_base())
+            self._path = tempfile.mkdtemp(prefix="ip-state-", dir=scratch_base())
             self._start_leash()
         elif self.given:
             os.makedirs(self._path, exist_ok=True)

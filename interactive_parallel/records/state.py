@@ -7,6 +7,7 @@ the file formats written under those paths (runtime/checkpoint.py).
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
@@ -63,6 +64,23 @@ class SnapshotInfo(Record):
     seconds: float
     bytes: int
     """Bytes this rank's replica wrote."""
+
+
+SCRATCH_BASE_ENV = "IP_SCRATCH_BASE"
+
+
+def scratch_base() -> str:
+    """Where a fresh scratch directory is made: $IP_SCRATCH_BASE when set (a container whose
+    /dev/shm is too small, a test worker that keeps its files apart), else the host's tmpfs
+    (/dev/shm: it outlives a killed rank process and costs no disk), else the system's temporary
+    directory."""
+    given = os.environ.get(SCRATCH_BASE_ENV)
+    if given:
+        os.makedirs(given, exist_ok=True)
+        return given
+    if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        return "/dev/shm"
+    return tempfile.gettempdir()
 
 
 @dataclass(frozen=True)

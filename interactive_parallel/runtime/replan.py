@@ -11,10 +11,9 @@ scratch directory and where the state comes from when no layout is here.
 """
 from __future__ import annotations
 
-import os
-
 from ..plan import Plan
 from ..records import LayoutInfo, RestoreSource, ScratchLayout
+from ..records.state import scratch_base
 
 
 def apply(st, plan: Plan, scratch: ScratchLayout | None, restore: RestoreSource | None) -> LayoutInfo:
@@ -64,7 +63,7 @@ def shared_temp_dir(rank: int) -> str:
 
     box = [None]
     if rank == 0:
-        box[0] = tempfile.mkdtemp(prefix="ip-replan-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        box[0] = tempfile.mkdtemp(prefix="ip-replan-", dir=scratch_base())
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.broadcast_object_list(box, src=0)
     return box[0]
