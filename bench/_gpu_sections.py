@@ -86,8 +86,8 @@ def verify_fig(v) -> dict:
 def cpu_losses(model: str, steps: int, **fields) -> tuple[list[float], dict]:
     """`steps` steps in this process on the CPU from the seed: losses and final weights."""
     from interactive_parallel.plan import resolve_model
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
     par = parallelize(resolve_model(model), Plan(**{**BATCH, **fields}))
     opt = make_optimizer(par)
@@ -140,7 +140,7 @@ def _rank_group_timeouts() -> dict:
     import torch.distributed.distributed_c10d as c10d
     from torch.distributed.device_mesh import init_device_mesh
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     st = state.get()
     dev = torch.device("cuda", torch.cuda.current_device()) if st.device == "cuda" else torch.device("cpu")
@@ -175,7 +175,7 @@ def _rank_where() -> dict:
 
     import torch
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     st = state.get()
     cuda = torch.cuda.is_available()

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from interactive_parallel.plan import resolve_model
-from interactive_parallel.runtime.data import local_batch
+from interactive_parallel.runtime.training.data import local_batch
 
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(1)

@@ -12,9 +12,9 @@ import time
 import torch.distributed as dist
 
 from interactive_parallel.plan import Plan, resolve_model
-from interactive_parallel.runtime.launch import finish, init_from_env
-from interactive_parallel.runtime.parallelize import parallelize
-from interactive_parallel.runtime.train import make_optimizer, train_step
+from interactive_parallel.runtime.groups.launch import finish, init_from_env
+from interactive_parallel.runtime.layout.parallelize import parallelize
+from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
 cfg = json.loads(sys.argv[1])
 launch, device = init_from_env("cpu", timeout_s=120.0)

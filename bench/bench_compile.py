@@ -56,8 +56,8 @@ def decode() -> None:
     import torch
 
     from interactive_parallel.plan import PRESETS, Plan
-    from interactive_parallel.runtime.generate import generate
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.inference.generate import generate
+    from interactive_parallel.runtime.layout.parallelize import parallelize
 
     torch.set_num_threads(1)
     prompts = ["12+35=", "7+8=", "99+1="]

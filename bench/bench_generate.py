@@ -3,12 +3,12 @@ transformers' own `model.generate`, and quantization's bytes and speed.
 
 Prints three tables:
 1. one rank, tiny-llama, 4 prompts x 128 new tokens (greedy): tokens/s of the recompute loop
-   (every step runs the whole prefix again; the loop runtime/generate.py had before the KV
-   cache, kept here as the baseline), of runtime.generate (KV-cached) and of transformers'
+   (every step runs the whole prefix again; the loop runtime/inference/generate.py had before the KV
+   cache, kept here as the baseline), of runtime.inference.generate (KV-cached) and of transformers'
    `model.generate` on the same weights, with the ratios the README quotes (>= 5x the
    recompute loop, within 1.2x of model.generate);
 2. the same on spawned gloo ranks under dp, tp and pp (recompute vs cached);
-3. quantization (runtime.quantize) on one rank: parameter bytes and greedy tokens/s before
+3. quantization (runtime.inference.quantize) on one rank: parameter bytes and greedy tokens/s before
    and after, and the share of greedy tokens unchanged.
 Run: .venv/bin/python bench/bench_generate.py [--tokens 128 200] [--ranks 4] [--model tiny-llama]
 Knows nothing of pytest; spawned ranks come from tests/mp_harness.py.
@@ -26,13 +26,13 @@ PROMPTS = ["12+35=", "7+8=", "99+1=", "1+2+3+4+5="]
 
 
 def recompute_generate(par, prompts: list[str], max_new_tokens: int, on_step=None) -> list[str]:
-    """The decoding loop before the KV cache, as runtime/generate.py had it (greedy part): the
+    """The decoding loop before the KV cache, as runtime/inference/generate.py had it (greedy part): the
     whole padded prefix through the model at every step (Parallelized.forward_logits), and with
     `on_step` (as a Session call passes it) each row's text decoded again to find the new piece."""
     import torch
 
-    from interactive_parallel.runtime.generate import decode_new, encode
-    from interactive_parallel.runtime.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.inference.generate import decode_new, encode
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer
 
     tok = get_tokenizer()
     ids, mask = encode(prompts, par.device)
@@ -72,9 +72,9 @@ def one_rank(model: str, tokens: int, repeats: int) -> None:
     import torch
 
     from interactive_parallel.plan import PRESETS, Plan
-    from interactive_parallel.runtime.generate import encode, generate
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.inference.generate import encode, generate
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer
 
     torch.set_num_threads(1)
     par = parallelize(PRESETS[model], Plan())
@@ -103,7 +103,7 @@ def one_rank(model: str, tokens: int, repeats: int) -> None:
     print(f"{'loop':<46}{'tokens/s':>10}{'seconds':>10}")
     for label, (recompute_s, cached_s, _) in rows.items():
         print(f"{'recompute (before the KV cache)' + label:<46}{n / recompute_s:>10.0f}{recompute_s:>10.3f}")
-        print(f"{'runtime.generate (KV-cached)' + label:<46}{n / cached_s:>10.0f}{cached_s:>10.3f}")
+        print(f"{'runtime.inference.generate (KV-cached)' + label:<46}{n / cached_s:>10.0f}{cached_s:>10.3f}")
     print(f"{'transformers model.generate':<46}{n / hf_s:>10.0f}{hf_s:>10.3f}")
     for label, (recompute_s, cached_s, same) in rows.items():
         print(f"cached / recompute{label}: {recompute_s / cached_s:.1f}x (goal: >= 5x); same text: {same}")
@@ -114,9 +114,9 @@ def _ranks_worker(rank: int, model: str, plans: list[dict], tokens: int) -> dict
     import torch.distributed as dist
 
     from interactive_parallel.plan import PRESETS, Plan
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.generate import generate
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.inference.generate import generate
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
 
     out = {}
     for fields in plans:
@@ -152,11 +152,11 @@ def quantization(models: list[str]) -> None:
 
     from interactive_parallel.plan import PRESETS, Plan
     from interactive_parallel.plan.inference import QUANT_SCHEMES
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.quantize import quantize, restore
+    from interactive_parallel.runtime.inference.quantize import quantize, restore
+    from interactive_parallel.runtime.layout.parallelize import parallelize
 
     torch.set_num_threads(1)
-    print("\n3. quantization on one rank (runtime.quantize; tokens/s of greedy decoding, 4 prompts x 32 tokens)")
+    print("\n3. quantization on one rank (runtime.inference.quantize; tokens/s of greedy decoding, 4 prompts x 32 tokens)")
     print(f"{'model':<12}{'scheme':<18}{'params before':>14}{'after':>10}{'tok/s before':>14}{'after':>8}"
           f"{'tokens unchanged':>18}")
     for model in models:

@@ -22,8 +22,8 @@ def _steps(rank: int, fields: dict, n: int, toggle: bool) -> dict:
 
     from interactive_parallel.plan import PRESETS, Plan
     from interactive_parallel.runtime import probes
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
     par = parallelize(PRESETS["tiny-llama"], Plan(batch_size=8, seq_len=64, **fields))
     opt = make_optimizer(par)

@@ -8,7 +8,7 @@ scheduler over transformers' caches), and static (a batch forms only when the pr
 is done) with ours. Requests: prompts of the addition task, arriving every --gap seconds,
 each wanting 8 to 64 new tokens; at most --max-batch run at once.
 Run: .venv/bin/python bench/bench_serve.py [--ranks 4] [--gap 0.05] [--max-batch 8]
-Knows nothing of pytest; the one-rank rows run runtime.serve in this process, the others a Session.
+Knows nothing of pytest; the one-rank rows run runtime.inference.serve in this process, the others a Session.
 """
 from __future__ import annotations
 
@@ -39,9 +39,9 @@ def one_rank(reqs, max_batch: int) -> None:
     import torch
 
     from interactive_parallel.plan import PRESETS, Plan
+    from interactive_parallel.runtime.inference.serve import serve as serve_on
+    from interactive_parallel.runtime.layout.parallelize import parallelize
     from interactive_parallel.runtime.loop import long_call
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.serve import serve as serve_on
 
     torch.set_num_threads(1)
     par = parallelize(PRESETS["tiny-llama"], Plan())
@@ -52,7 +52,7 @@ def one_rank(reqs, max_batch: int) -> None:
             return serve_on(*args, boundary=boundary, **kwargs)
     serve(par, reqs[:4], engine="ours", policy="continuous", **kw)  # warm
     cont = serve(par, reqs, engine="ours", policy="continuous", **kw)
-    print("\none rank, tiny-llama (runtime.serve in this process)")
+    print("\none rank, tiny-llama (runtime.inference.serve in this process)")
     print(HEAD)
     print(row("single / transformers / continuous", serve(par, reqs, engine="transformers", policy="continuous", **kw),
               cont))

@@ -117,7 +117,7 @@ def _launched(config: dict, steps: int, batch: dict) -> None:
     from accelerate import Accelerator
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from interactive_parallel.runtime.data import global_batch, local_slice
+    from interactive_parallel.runtime.training.data import global_batch, local_slice
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)

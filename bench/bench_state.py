@@ -4,7 +4,7 @@ Prints three tables:
 - load: peak RSS per rank while a ~300 M-parameter Llama config is laid out under fsdp=4
   (plain torchrun, bench/_state_worker.py), beyond the rank's RSS just before, as a
   fraction of the model's fp32 bytes (target <= 0.35), beside building the whole model
-  in one process (runtime.models.build_model), which is what every rank did before the
+  in one process (runtime.model.models.build_model), which is what every rank did before the
   meta-device build;
 - save_pretrained: peak RSS per rank while a Session writes the same model, laid out under
   fsdp=4, as a transformers directory (Session.save_pretrained: each rank's pieces, then
@@ -36,8 +36,8 @@ from pathlib import Path
 
 from interactive_parallel import Plan, Session
 from interactive_parallel.cluster.model_ops import SNAPSHOT_EVERY
-from interactive_parallel.runtime import api
 from interactive_parallel.records import ScratchLayout
+from interactive_parallel.runtime import api
 from interactive_parallel.runtime.probes.memory import peak_rss, reset_peak_rss
 
 LLAMA_300M = dict(model_type="llama", vocab_size=32000, hidden_size=1024, intermediate_size=2816,

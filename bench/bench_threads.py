@@ -1,7 +1,7 @@
 """Threads per rank when ranks outnumber cores: step time of dp training per setting.
 
     python bench/bench_threads.py [--ranks 4] [--threads 1 2] [--model tiny-llama]
-Prints a table of median step times; the default (runtime.dist.threads_for) is the
+Prints a table of median step times; the default (runtime.groups.dist.threads_for) is the
 host's cores shared out, at least one.
 """
 from __future__ import annotations

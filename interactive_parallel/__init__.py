@@ -27,19 +27,11 @@ def dry_run(model, plan: Plan, world: int | None = None, **kwargs):
     out under `plan` over `world` virtual ranks in this process, with the runtime's own code on
     fake tensors and torch's fake process group: no peers, no data, no weights. Returns a DryRun
     holding the records a live session would (memory(), comms(), layout()); see
-    interactive_parallel.runtime.dryrun. A bad plan or model is refused before torch loads (but for
+    interactive_parallel.runtime.client.dryrun. A bad plan or model is refused before torch loads (but for
     a family derived from transformers, whose facts need it)."""
-    from .plan import check, resolve_model
+    from .cluster.offline import dry_run as _dry_run  # the client's helper, as the panel's dry run
 
-    spec = resolve_model(model)
-    if spec.needs_facts:  # a family derived from transformers: torch loads here, before the plan check
-        from .runtime.families import with_facts
-
-        spec = with_facts(spec)
-    check(plan, plan.world_size if world is None else world, spec)
-    from .runtime.dryrun import dry_run as _dry_run
-
-    return _dry_run(spec, plan, world, **kwargs)
+    return _dry_run(model, plan, world, **kwargs)
 
 
 def __getattr__(name):

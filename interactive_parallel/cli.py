@@ -14,9 +14,9 @@ from .plan import PRESETS, Plan, PlanError, UnknownModelError, check
 
 def _demo(args: argparse.Namespace) -> int:
     from .cluster import Session
+    from .cluster.offline import resolved
 
     plan = Plan.parse(args.plan, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
-    from .runtime.families import resolved
 
     check(plan, args.ranks, resolved(args.model))  # before any process starts
     t0 = time.perf_counter()

@@ -239,8 +239,8 @@ def single_process_losses(steps: int, **plan_fields) -> list[float]:
     live sessions' steps are held to (same seed, weights and batches under every plan)."""
     from interactive_parallel import Plan
     from interactive_parallel.plan import PRESETS
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
     par = parallelize(PRESETS["tiny-llama"], Plan(**plan_fields))
     opt = make_optimizer(par)

@@ -55,7 +55,7 @@ def tensors_off_device(*also: str):
 
 
 def _forgets_the_device() -> None:
-    """What runtime/verify.py's global_loss did before it named the group's device."""
+    """What runtime/training/verify.py's global_loss did before it named the group's device."""
     import torch.distributed as dist
 
     t = torch.tensor([1.0, 1.0], dtype=torch.float64)
@@ -65,8 +65,10 @@ def _forgets_the_device() -> None:
 def every_collective_on_the_group_device(rank: int, plans: list[dict]) -> dict:
     """Train, verify, generate, agree to stop, run the doctor and re-plan (DCP) under each plan
     with tensors off the device by default; {plan: what ran}."""
-    from interactive_parallel.runtime import api, channel, doctor, state
-    from interactive_parallel.runtime.verify import global_loss
+    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.groups import doctor
+    from interactive_parallel.runtime.rank import channel, state
+    from interactive_parallel.runtime.training.verify import global_loss
 
     out = {}
     try:  # the check itself: the mistake it exists for is caught, naming the device
@@ -104,9 +106,9 @@ def pipeline_scaling(rank: int) -> dict:
     unscale_ (fp32 arithmetic: the power-of-two scale is exact, so they must agree)."""
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import forward_backward, local_batch, make_optimizer
-    from interactive_parallel.runtime.verify import global_loss, zero_grads
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import forward_backward, local_batch, make_optimizer
+    from interactive_parallel.runtime.training.verify import global_loss, zero_grads
 
     par = parallelize(PRESETS["tiny-llama"], Plan(pp=2, microbatches=2, **SMALL))
     batch = local_batch(par, 0)
@@ -124,9 +126,9 @@ def pipeline_scaling(rank: int) -> dict:
 def train_losses(rank: int, preset: str, fields: dict, steps: int, foreach: bool | None = None) -> dict:
     """Global loss per step, and the final weights, of `steps` steps under `fields` (precision
     and all: the scaler is make_scaler's), optimizer from make_optimizer(par, foreach)."""
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, make_scaler, train_step
-    from interactive_parallel.runtime.verify import global_loss
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import make_optimizer, make_scaler, train_step
+    from interactive_parallel.runtime.training.verify import global_loss
 
     plan = Plan(**fields)
     par = parallelize(PRESETS[preset], plan)

@@ -26,7 +26,7 @@ def config_of(name: str, **changes) -> dict:
 def spec_of(name: str, **changes):
     """The spec of MOE[name] (with `changes` to its config), its facts derived."""
     from interactive_parallel.plan.models import spec_from_config_dict
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
 
     return with_facts(spec_from_config_dict(config_of(name, **changes), name=f"tiny-{name}"))
 
@@ -35,10 +35,10 @@ def train_group(rank: int, configs: list[tuple[str, str, dict]], steps: int) -> 
     """{label: losses, full grads and weights (rank 0), and every rank's step records}."""
 
 
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-    from interactive_parallel.runtime.verify import global_loss, loss_and_grads
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
+    from interactive_parallel.runtime.training.verify import global_loss, loss_and_grads
 
     out = {}
     for label, model_type, fields in configs:

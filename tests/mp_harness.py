@@ -7,7 +7,7 @@ crash (SIGSEGV, SIGBUS: a fault in torch's or gloo's C++, which no Python code o
 the test can raise) is named first, before the peers' connection errors it causes, with the
 Python stack faulthandler prints on its stderr; the group is then run once more, with a
 warning that says so (a crash twice fails). A rank's exception is never retried. Each rank
-joins the group through runtime.launch, the start-up of a torchrun process, given what
+joins the group through runtime.groups.launch, the start-up of a torchrun process, given what
 torchrun would set. Knows nothing of what the ranks compute: `fn(rank, *args)` must be a
 module-level (picklable) function.
 
@@ -47,7 +47,7 @@ CRASHES = {-signal.SIGSEGV: "SIGSEGV", -signal.SIGBUS: "SIGBUS"}
 
 
 PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.models.llama.modeling_llama",
-           "interactive_parallel.runtime.launch", "interactive_parallel.runtime.api"]
+           "interactive_parallel.runtime.groups.launch", "interactive_parallel.runtime.api"]
 """What the forkserver imports once for every rank it forks (a module it cannot import is
 skipped by multiprocessing, and the rank imports it itself)."""
 
@@ -71,8 +71,8 @@ def _entry(fn, rank: int, world: int, port: int, timeout_s: float, args, out, en
 
         faulthandler.enable()  # a native crash prints the rank's Python stack on stderr
         torch.set_num_threads(1)
-        from interactive_parallel.runtime import dist as rdist
-        from interactive_parallel.runtime.launch import init_from_env
+        from interactive_parallel.runtime.groups import dist as rdist
+        from interactive_parallel.runtime.groups.launch import init_from_env
 
         # The start-up of the exported script and bench/, with what torchrun would have set.
         init_from_env("cpu", timeout_s, threads=1, rank=rank, world_size=world, local_rank=rank,
@@ -106,7 +106,7 @@ def run_ranks(fn, world: int, *args, timeout_s: float = 240.0, collective_timeou
 
 
 def _run_once(fn, world: int, args: tuple, timeout_s: float, collective_timeout_s: float) -> list:
-    from interactive_parallel.runtime.dist import free_port
+    from interactive_parallel.runtime.groups.dist import free_port
 
     ctx = _context()
     out = ctx.Queue()

@@ -25,10 +25,10 @@ NEW_TOKENS = 4
 def reference() -> dict:
     """The same training in this process alone, and its greedy completions afterwards."""
     from interactive_parallel.plan import PRESETS, Plan
-    from interactive_parallel.runtime.generate import generate
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-    from interactive_parallel.runtime.verify import reference_plan
+    from interactive_parallel.runtime.inference.generate import generate
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
+    from interactive_parallel.runtime.training.verify import reference_plan
 
     par = parallelize(PRESETS["tiny-llama"], reference_plan(Plan(**PLAN)))
     opt = make_optimizer(par)

@@ -12,10 +12,10 @@ from interactive_parallel.records import GenerateOptions
 def train_and_grads(spec, plan: Plan, steps: int) -> dict:
     """Per-step global losses, then loss/full grads on the next batch and the full weights; the
     memory and comm records of the first step."""
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-    from interactive_parallel.runtime.verify import global_loss, loss_and_grads
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
+    from interactive_parallel.runtime.training.verify import global_loss, loss_and_grads
 
     par = parallelize(spec, plan)
     opt = make_optimizer(par)
@@ -66,7 +66,7 @@ def reference(model, fields: dict, steps: int) -> dict:
     (reference_plan keeps only the batch, precision, learning rate and seed): each is computed
     once per process, keyed by the model's whole spec, that plan and the steps; callers only
     read it."""
-    from interactive_parallel.runtime.verify import reference_plan
+    from interactive_parallel.runtime.training.verify import reference_plan
 
     spec, plan = as_spec(model), reference_plan(Plan(**fields))
     key = repr((spec, plan, steps))
@@ -77,9 +77,10 @@ def reference(model, fields: dict, steps: int) -> dict:
 
 def one_step_records(rank: int, configs: list[tuple[str, str, dict]], precision: str) -> dict:
     """{label: (MemoryRecord, [CommRecord], [ShardRecord])} of one training step per plan on this rank."""
-    from interactive_parallel.runtime import probes, state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    from interactive_parallel.runtime import probes
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
     out = {}
     for label, preset, fields in configs:
@@ -99,7 +100,8 @@ def generate_group(rank: int, plans: list[dict], max_new_tokens: int) -> dict:
     """Greedy and sampled completions under each plan, from every rank (they must agree)."""
     import torch
 
-    from interactive_parallel.runtime import api, state
+    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.rank import state
 
     api.load_model(PRESETS["tiny-llama"])
     out = {}
@@ -149,7 +151,7 @@ def spiky_model_dir(preset: str, path: str) -> str:
     (GPT-2's init repeats one token), so comparing completions says something."""
     import torch
 
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
 
     model = build_model(PRESETS[preset])
     gen = torch.Generator().manual_seed(1)
@@ -163,9 +165,9 @@ def spiky_model_dir(preset: str, path: str) -> str:
 
 def hf_generate(model, prompts: list[str], max_new_tokens: int) -> list[str]:
     """The oracle: transformers' own `generate` (greedy, its own KV cache) on a one-process
-    model, the vocabulary's padding rows suppressed as runtime.generate does."""
-    from interactive_parallel.runtime.generate import decode_new, encode
-    from interactive_parallel.runtime.tokenizer import get_tokenizer
+    model, the vocabulary's padding rows suppressed as runtime.inference.generate does."""
+    from interactive_parallel.runtime.inference.generate import decode_new, encode
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer
 
     tok = get_tokenizer()
     ids, mask = encode(prompts, "cpu")
@@ -184,22 +186,23 @@ def hf_generate_dir(path: str, prompts: list[str], max_new_tokens: int) -> list[
 
 def reference_generate(max_new_tokens: int) -> list[str]:
     """transformers' generate on the seeded tiny-llama: the weights every plan starts from
-    (runtime.initialize's), in one plain transformers model."""
-    from interactive_parallel.runtime.parallelize import parallelize
+    (runtime.layout.initialize's), in one plain transformers model."""
+    from interactive_parallel.runtime.layout.parallelize import parallelize
 
     return hf_generate(parallelize(PRESETS["tiny-llama"], Plan()).raw.eval(), PROMPTS, max_new_tokens)
 
 
 def _logits(ids):
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     return state.get().parallel.forward_logits(ids).detach().clone()
 
 
 def replan_group(rank: int, preset: str, save_plan: dict, replan: dict, load_plan: dict, path: str) -> dict:
     """Hot re-plan and checkpoint round trip through runtime.api; rank 0 returns the logits seen."""
-    from interactive_parallel.runtime import api, state
-    from interactive_parallel.runtime.data import global_batch
+    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.data import global_batch
 
     ids = global_batch(7, 0, 2, 16)[:, :-1]
     api.load_model(PRESETS[preset])
@@ -289,9 +292,9 @@ def cp_attention_reference(shape: tuple, groups: int = 1, window: int | None = N
 
 def ring_comm_records(rank: int, fields: dict) -> dict:
     """The comm records of one training step (forward and backward) of tiny-llama under `fields`."""
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.train import make_optimizer, train_step
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
     par = parallelize(PRESETS["tiny-llama"], Plan(**fields))
     rec = train_step(par, make_optimizer(par), 0, rank=rank)

@@ -11,8 +11,8 @@ from interactive_parallel.records import ScratchLayout
 
 
 def _global_losses(records) -> list[float]:
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.verify import global_loss
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.verify import global_loss
 
     par = state.get().parallel
     return [global_loss(par, r.loss) for r in records]
@@ -49,7 +49,8 @@ def checkpoint_round_trip(rank: int, preset: str, save_plan: dict, load_plan: di
     is refused and leaves the weights and the step as they were."""
     import torch
 
-    from interactive_parallel.runtime import api, state
+    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.rank import state
 
     api.load_model(PRESETS[preset])
     api.apply_plan(Plan(**save_plan))
@@ -129,8 +130,8 @@ def weights_from_full_state(rank: int, preset: str, plans: list[dict]) -> dict:
     """Per plan: whether the layout built from a full state dict holds exactly those weights."""
     import torch
 
-    from interactive_parallel.runtime.models import build_model
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.model.models import build_model
 
     full = build_model(PRESETS[preset], seed=5).state_dict()
     out = {}

@@ -1,5 +1,5 @@
 """Any transformers decoder whose config ships a TP and a PP plan, laid out from facts derived
-from transformers itself (runtime.families), at parity with one process.
+from transformers itself (runtime.model.families), at parity with one process.
 
 Families: llama (held by hand for the torch-free tiers, and held equal here to what is derived),
 mistral and gemma 3 (sliding windows, a window shorter than the sequence), qwen2 (q/k/v
@@ -65,7 +65,7 @@ FOUR = WHOLE
 
 
 def spec_of(model_type: str):
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
 
     return with_facts(spec_from_config_dict(dict(BASE, model_type=model_type, **CONFIGS[model_type]),
                                             name=f"tiny-{model_type}"))
@@ -76,7 +76,7 @@ def spec_of(model_type: str):
 @pytest.mark.rank1
 @pytest.mark.parametrize("model_type", sorted(CONFIGS))
 def test_derived_facts_name_the_models_own_modules_and_parameters(model_type):
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
 
     spec = spec_of(model_type)
     fam = spec.family_info
@@ -106,7 +106,7 @@ def test_what_transformers_declares_of_each_family_is_what_it_ships():
 
 @pytest.mark.rank1
 def test_llamas_hand_entry_is_what_transformers_derives():
-    from interactive_parallel.runtime.families import derive
+    from interactive_parallel.runtime.model.families import derive
 
     tiny = PRESETS["tiny-llama"]
     derived = dataclasses.replace(tiny, family="derived-llama", facts=derive(tiny))
@@ -128,7 +128,7 @@ def test_llamas_hand_entry_is_what_transformers_derives():
     (dict(BASE, model_type="gpt_neox"), "its TP plan splits 'embed_in' .*outside the blocks"),
 ])
 def test_a_model_the_derivation_cannot_lay_out_is_refused_with_the_reason(config, words):
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
 
     with pytest.raises(UnknownModelError, match=words):
         with_facts(spec_from_config_dict(config, name="bad"))
@@ -237,7 +237,7 @@ def test_the_shipped_configs_plan_as_the_models_they_name(name, billions):
     """Derived on the meta device (no storage): the parameter count of the published model."""
     import math
 
-    from interactive_parallel.runtime.families import resolved
+    from interactive_parallel.runtime.model.families import resolved
 
     spec = resolved(name)
     total = sum(math.prod(p.shape) for p in param_inventory(spec))

@@ -1,6 +1,7 @@
-"""The house's shape, checked: no layer imports upward, no module imports itself through others,
-every remote action of the Session has its blocking twin made one way, and every record
-survives its dict round trip."""
+"""The house's shape, checked: no layer imports upward, the runtime's folders import only the floors
+below their own, no module imports itself through others (type-only imports counted), no file or
+function outgrows what a reader takes in at once, every remote action of the Session has its
+blocking twin made one way, and every record survives its dict round trip."""
 from __future__ import annotations
 
 import ast
@@ -23,29 +24,59 @@ FORBIDDEN = {
     "runtime": ("cluster", "viz", "widgets", "cli", "ipyparallel", "ipywidgets", "plotly"),
     "cluster": ("widgets", "cli", "ipywidgets"),
     "viz": ("runtime", "cluster", "widgets", "torch", "ipyparallel", "ipywidgets"),
+    # The panel and the command line reach the ranks through the Session, and the client's own
+    # runtime code (facts, dry runs) through cluster/offline.py, never runtime/ directly.
+    "widgets": ("runtime", "cli"),
+    "cli.py": ("runtime", "widgets"),
 }
 
+# runtime/'s folders (and its top modules) -> their floor: each imports only folders on lower
+# floors, so siblings on one floor know nothing of each other (training and inference, the
+# model and the probes). A new folder must be placed here.
+RUNTIME_FLOORS = {
+    "probes": 0,        # what a step did
+    "model": 0,         # the transformers model before any layout
+    "rank": 1,          # what a rank keeps, its channel, faults, a long loop's boundary
+    "groups": 2,        # process groups and meshes
+    "parallel": 3,      # one parallelism each
+    "calibration": 3,   # timings on a bare group: no layout
+    "layout": 4,        # the parallelisms composed under a plan
+    "training": 5,
+    "inference": 5,
+    "checkpoints": 6,   # rebuilds a layout: its optimizer (training), full precision (inference)
+    "client": 6,        # the dry run, the schedule preview, the script export: no peers
+    "loop.py": 7,       # the long calls' frame and bodies
+    "api.py": 8,        # what a client may ask a rank to do
+}
 
-def _imports(path: Path, typing_only: bool = True) -> set[str]:
-    """Top-level names imported by one file, package-relative names resolved against the package.
-    typing_only=False leaves out the imports under `if TYPE_CHECKING:`, which never run."""
-    rel = path.relative_to(PACKAGE.parent).with_suffix("")
-    parts = list(rel.parts)
-    out = set()
-    tree = ast.parse(path.read_text())
-    if not typing_only:
-        tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _import_froms(path: Path):
+    """(module, names) of every `from ... import` in one file, at any level (functions and
+    `if TYPE_CHECKING:` too), package-relative modules resolved against the package."""
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
             if node.level:
                 base = parts[: len(parts) - node.level]
                 name = ".".join(base + ([node.module] if node.module else []))
             else:
                 name = node.module or ""
-            out.add(name)
-            out |= {f"{name}.{a.name}" for a in node.names}
+            yield name, [a.name for a in node.names]
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names imported by one file, package-relative names resolved against the package,
+    type-only imports (under `if TYPE_CHECKING:`) included: a circle of annotations is a circle."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    for name, names in _import_froms(path):
+        out.add(name)
+        out |= {f"{name}.{n}" for n in names}
     return out
 
 
@@ -67,12 +98,73 @@ def test_no_layer_imports_upward(layer):
     assert not bad, "\n".join(bad)
 
 
+def _runtime_unit(name: str) -> str | None:
+    """The runtime folder (or top module, 'api.py') a dotted package name lies in; None outside."""
+    parts = name.split(".")
+    if parts[:2] != ["interactive_parallel", "runtime"] or len(parts) < 3:
+        return None
+    return parts[2] if (PACKAGE / "runtime" / parts[2]).is_dir() else f"{parts[2]}.py"
+
+
+def test_every_runtime_folder_has_a_floor():
+    units = {p.name for p in (PACKAGE / "runtime").iterdir()
+             if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")}
+    assert units == set(RUNTIME_FLOORS), f"place {sorted(units - set(RUNTIME_FLOORS))} in RUNTIME_FLOORS"
+
+
+def test_runtime_folders_import_only_lower_floors():
+    bad = []
+    for f in sorted((PACKAGE / "runtime").rglob("*.py")):
+        rel = f.relative_to(PACKAGE / "runtime")
+        if rel == Path("__init__.py"):
+            continue
+        unit = rel.parts[0]
+        for name in _imports(f):
+            other = _runtime_unit(name)
+            if other is not None and other != unit and RUNTIME_FLOORS[other] >= RUNTIME_FLOORS[unit]:
+                bad.append(f"runtime/{rel} (floor {RUNTIME_FLOORS[unit]}) imports {name} "
+                           f"(runtime/{other}, floor {RUNTIME_FLOORS[other]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_nothing_imports_from_the_package_top():
+    """interactive_parallel/__init__ is the user's door and imports the layers: a layer that took a
+    name from it (`from .. import dry_run`) would import upward. Its subpackages may be named."""
+    bad = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        if f == PACKAGE / "__init__.py":
+            continue
+        for module, names in _import_froms(f):
+            if module == "interactive_parallel":
+                bad += [f"{f.relative_to(PACKAGE)} imports {n} from the package top" for n in names
+                        if not ((PACKAGE / n).is_dir() or (PACKAGE / f"{n}.py").is_file())]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_file_or_function_is_too_long():
+    """Files of at most MAX_FILE_LINES lines and functions of at most MAX_FUNCTION_LINES (its
+    decorators, signature and docstring counted): beyond that a module holds two jobs."""
+    bad = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        text = f.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_FILE_LINES:
+            bad.append(f"{f.relative_to(PACKAGE)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                length = node.end_lineno - first + 1
+                if length > MAX_FUNCTION_LINES:
+                    bad.append(f"{f.relative_to(PACKAGE)}:{node.lineno} {node.name}: {length} lines")
+    assert not bad, "\n".join(bad)
+
+
 def _module_graph() -> dict[str, set[str]]:
-    """Module -> the package modules it imports at any level (function-level imports too);
-    a package's __init__ only re-exports, so edges into it are left out."""
+    """Module -> the package modules it imports at any level (function-level and type-only
+    imports too); a package's __init__ only re-exports, so edges into it are left out."""
     modules = {".".join(f.relative_to(PACKAGE.parent).with_suffix("").parts): f for f in PACKAGE.rglob("*.py")
                if f.name != "__init__.py"}
-    return {m: {n for n in _imports(f, typing_only=False) if n in modules and n != m} for m, f in modules.items()}
+    return {m: {n for n in _imports(f) if n in modules and n != m} for m, f in modules.items()}
 
 
 def test_no_module_imports_itself_through_another():

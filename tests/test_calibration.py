@@ -176,7 +176,7 @@ def test_the_chain_has_the_operations_it_is_divided_by():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from interactive_parallel.runtime.calibrate import chain_ops, elementwise_chain, layouts
+    from interactive_parallel.runtime.calibration.calibrate import chain_ops, elementwise_chain, layouts
 
     class Count(TorchDispatchMode):
         ops = 0

@@ -81,7 +81,7 @@ def test_the_panel_offers_compile_off_and_says_what_it_costs():
 
 @pytest.mark.pure
 def test_the_exported_script_compiles_too():
-    from interactive_parallel.runtime.export import script_text
+    from interactive_parallel.runtime.client.export import script_text
 
     text = script_text(PRESETS[LLAMA], Plan(dp=2, tp=2, compile=True), 2)
     namespace: dict = {}
@@ -99,8 +99,8 @@ def _graphs() -> int:
 
 @pytest.mark.rank1
 def test_blocks_compile_in_place_and_decoding_runs_them_eagerly():
-    from interactive_parallel.runtime.generate import generate
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.inference.generate import generate
+    from interactive_parallel.runtime.layout.parallelize import parallelize
 
     spec = PRESETS[LLAMA]
     eager, compiled = parallelize(spec, Plan()), parallelize(spec, Plan(compile=True))
@@ -115,7 +115,7 @@ def test_blocks_compile_in_place_and_decoding_runs_them_eagerly():
 
 @pytest.mark.rank1
 def test_the_dry_run_of_a_compiled_plan_is_the_eager_ones_and_compiles_nothing():
-    from interactive_parallel.runtime.dryrun import dry_run
+    from interactive_parallel.runtime.client.dryrun import dry_run
 
     before = _graphs()
     got, ref = dry_run(LLAMA, Plan(dp=2, tp=2, compile=True)), dry_run(LLAMA, Plan(dp=2, tp=2))
@@ -133,7 +133,8 @@ def W_key(c) -> tuple:
 @pytest.mark.rank1
 def test_a_compiled_layout_takes_the_sessions_cache_directory(tmp_path, monkeypatch):
     from interactive_parallel.records import ScratchLayout
-    from interactive_parallel.runtime import api, state
+    from interactive_parallel.runtime import api
+    from interactive_parallel.runtime.rank import state
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     api.load_model(PRESETS[LLAMA])

@@ -3,7 +3,7 @@
 - every tensor handed to a collective is on the group's device: the runtime's own tensors
   built without a device are put on meta and the collective device check must stay quiet
   through train, verify, generate, stop agreement, the doctor and a re-plan through DCP (the check
-  itself is shown to catch what runtime/verify.py's global_loss used to do);
+  itself is shown to catch what runtime/training/verify.py's global_loss used to do);
 - pipeline + fp16: the schedule's loss is scaled before the scaler unscales (gradients after
   unscale_ equal those without a scaler), and fp16 under pp=2 matches one process;
 - the optimizer settings of a GPU run (foreach, one group per parameter kind) run every
@@ -48,12 +48,12 @@ def test_pipeline_scales_the_loss_it_unscales():
 
 def test_fp16_under_a_pipeline_matches_one_process():
     """fp16 autocast and a dynamic scaler (CPU autocast runs fp16 too); tolerance: verify's fp16."""
-    from interactive_parallel.runtime.verify import TOLERANCE
+    from interactive_parallel.runtime.training.verify import TOLERANCE
 
     fields = dict(pp=2, microbatches=2, precision="fp16", **SMALL)
     par = run_ranks(W.train_losses, 2, "tiny-llama", fields, 3)[0]
     ref = W.train_losses(0, "tiny-llama", dict(precision="fp16", **SMALL), 3)
-    assert par["scaler"] == "DTensorGradScaler" and ref["scaler"] == "GradScaler"  # runtime/scaler.py: torch's ShardedGradScaler, DTensor-aware
+    assert par["scaler"] == "DTensorGradScaler" and ref["scaler"] == "GradScaler"  # runtime/training/scaler.py: torch's ShardedGradScaler, DTensor-aware
     assert par["scale"] == ref["scale"]  # the same steps were skipped (or none) on both
     tol = TOLERANCE["fp16"]["loss"]
     assert max(abs(a - b) for a, b in zip(par["losses"], ref["losses"])) <= tol, (par["losses"], ref["losses"])

@@ -1,4 +1,4 @@
-"""The dry run (runtime/dryrun.py): the runtime's own layout and training step on fake tensors
+"""The dry run (runtime/client/dryrun.py): the runtime's own layout and training step on fake tensors
 and torch's fake process group, in this process.
 
 Oracles: a live run of the same plan on spawned gloo ranks (memory exactly; the same

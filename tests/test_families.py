@@ -27,7 +27,7 @@ def test_every_family_has_a_preset_and_known_tp_styles():
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_paths_resolve_and_inventory_matches_the_model(family):
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
 
     spec, fam = SPECS[family], FAMILIES[family]
     model = build_model(spec)

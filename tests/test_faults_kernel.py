@@ -27,7 +27,7 @@ import pytest
 from conftest import alive, live_session, until
 from interactive_parallel import Plan
 from interactive_parallel.cluster.checkpoints import MANIFEST, CheckpointError
-from interactive_parallel.runtime import atomic_dir
+from interactive_parallel.runtime.checkpoints import atomic_dir
 
 pytestmark = pytest.mark.faults
 
@@ -164,7 +164,7 @@ def _check_interrupted_checkpoint(ckpt: Path) -> None:
         s.load_model("tiny-llama")
         s.apply(Plan(**PLAN))
         s.load(str(ckpt))
-        step = s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)
+        step = s.run(lambda: __import__("interactive_parallel.runtime.rank.state", fromlist=["get"]).get().step)
         assert step == [2, 2], step  # the two steps trained before the first save
         with pytest.raises(CheckpointError, match="interrupted save"):
             s.load(partial[0])

@@ -1,11 +1,11 @@
-"""The defaults a process group's later sub-groups take (runtime.dist.set_group_defaults), read
+"""The defaults a process group's later sub-groups take (runtime.groups.dist.set_group_defaults), read
 back from torch's own lookup: gloo's and NCCL's timeouts are both ours, so a DeviceMesh
 sub-group on CUDA waits collective_timeout, not NCCL's 10 minutes; NCCL's error handling aborts
 and raises instead of killing a waiting peer, and the user's own setting stands."""
 import pytest
 import torch.distributed.distributed_c10d as c10d
 
-from interactive_parallel.runtime import dist
+from interactive_parallel.runtime.groups import dist
 
 pytestmark = pytest.mark.rank1
 
@@ -41,7 +41,7 @@ def test_gloo_leaves_nccls_error_handling_alone_and_the_users_setting_stands(def
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
 
 
-# ---- an NCCL error spoils the rank's state, and its group is aborted (runtime.dist.note_failure) ----
+# ---- an NCCL error spoils the rank's state, and its group is aborted (runtime.groups.dist.note_failure) ----
 
 NCCL_TIMEOUT = ("[Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=12, OpType=ALLREDUCE, "
                 "NumelIn=1, NumelOut=1, Timeout(ms)=5000) ran for 5003 milliseconds before timing out.")
@@ -51,7 +51,7 @@ NCCL_REMOTE = "NCCL error in: ProcessGroupNCCL.cpp:2042, remote process exited o
 @pytest.fixture
 def nccl_rank(monkeypatch):
     """This process as a rank whose backend is NCCL (no group yet): what it notes is forgotten after."""
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     st = state.reset()
     monkeypatch.setattr(st, "backend", "nccl")
@@ -71,7 +71,7 @@ def test_nccl_errors_are_told_from_others_by_type_and_text(ename, text, counts):
 def test_a_noted_nccl_error_spoils_the_kept_shards(nccl_rank):
     from torch.distributed import DistBackendError
 
-    from interactive_parallel.runtime.recovery import keep_local
+    from interactive_parallel.runtime.checkpoints.recovery import keep_local
 
     assert dist.group_failed() == ""
     assert not dist.note_failure(ValueError("bad prompt length"))

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from interactive_parallel.plan import PRESETS, Plan
-from interactive_parallel.runtime.initialize import TILE, fill_normal
-from interactive_parallel.runtime.pieces import Piece, pieces
+from interactive_parallel.runtime.layout.initialize import TILE, fill_normal
+from interactive_parallel.runtime.layout.pieces import Piece, pieces
 
 STD_TOL = 0.1
 
@@ -53,8 +53,8 @@ def test_pieces_of_a_permuted_tensor_are_logical_runs():
 @pytest.mark.rank1
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-gpt2"])
 def test_rules_are_the_models_own(preset):
-    from interactive_parallel.runtime.models import build_model
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.model.models import build_model
 
     spec = PRESETS[preset]
     theirs = dict(build_model(spec, seed=1).named_parameters())
@@ -79,8 +79,8 @@ def test_rules_are_the_models_own(preset):
 
 @pytest.mark.rank1
 def test_buffers_are_recomputed():
-    from interactive_parallel.runtime.models import build_model
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.model.models import build_model
 
     spec = PRESETS["tiny-llama"]
     theirs = dict(build_model(spec).named_buffers())
@@ -90,7 +90,7 @@ def test_buffers_are_recomputed():
 
 @pytest.mark.multirank
 def test_local_directory_is_read_slice_by_slice(tmp_path):
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
     from mp_harness import run_ranks
     import state_workers as S
 
@@ -108,7 +108,7 @@ def test_local_directory_is_read_slice_by_slice(tmp_path):
 def test_the_layout_can_stay_on_the_meta_device():
     """parallelize(materialize=False): the plan's modules with no storage at all (a dry run's input)."""
     from interactive_parallel.plan.estimate import param_inventory
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.layout.parallelize import parallelize
 
     import dataclasses
 

@@ -9,7 +9,7 @@ pair processed once, a rank's received counts are its peers' sent counts, the ex
 split the layer's experts. The comm ledger shows the dispatch and combine all-to-alls on the ep
 axis. The router's load-balancing loss, where the config turns it on, is taken over the whole
 batch (not per rank) and matches one process too; with grad_accum > 1 it is taken per
-micro-step, whose rows differ between layouts (runtime.router_loss), so that case is not a
+micro-step, whose rows differ between layouts (runtime.model.router_loss), so that case is not a
 parity case. Greedy generation under ep gives the tokens it gives under dp. Bad input is refused
 before any rank exists.
 """
@@ -83,7 +83,7 @@ def test_impossible_expert_layouts_are_refused_with_their_numbers():
 
 @pytest.mark.rank1
 def test_a_model_mixing_dense_and_expert_blocks_is_refused_with_the_reason():
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
 
     config = dict(M.config_of("qwen3_moe"), mlp_only_layers=[0])
     with pytest.raises(UnknownModelError, match="dense and mixture-of-experts blocks mixed"):
@@ -94,8 +94,8 @@ def test_a_model_mixing_dense_and_expert_blocks_is_refused_with_the_reason():
 def test_the_router_loss_is_transformers_own_on_one_process():
     import torch
 
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
 
     spec = M.spec_of("mixtral_aux")
     par = parallelize(spec, Plan(**SMALL))
@@ -118,7 +118,7 @@ def test_serving_replicas_join_the_dp_coordinates_an_ep_group_spans(fields, repl
 
     from interactive_parallel.plan import mesh_coords
     from interactive_parallel.records import Request
-    from interactive_parallel.runtime.serve import replica_share
+    from interactive_parallel.runtime.inference.serve import replica_share
 
     plan = Plan(**fields)
     requests = [Request(id=str(i), prompt="1+1=", max_new_tokens=2) for i in range(8)]

@@ -1,4 +1,4 @@
-"""The dry run (runtime/dryrun.py) of mixture-of-experts plans: routing assumed uniform.
+"""The dry run (runtime/client/dryrun.py) of mixture-of-experts plans: routing assumed uniform.
 
 Oracles: a live run of the same plan on spawned gloo ranks (parameters, gradients and optimizer
 state exactly; the same collectives on the same axes and groups, every byte equal but the
@@ -30,7 +30,7 @@ ROUTING_TOL = 0.10
 
 def _spec():
     from interactive_parallel.plan.models import spec_from_config_dict
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
 
     return with_facts(spec_from_config_dict(TINY, name="tiny-mixtral"))
 

@@ -37,7 +37,7 @@ def spec_of(model_type: str):
 @pytest.mark.rank1
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_expert_weights_per_rank_follow_ep_fsdp_tp_and_pp(model_type):
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
 
     spec = spec_of(model_type)
     built = {n: tuple(p.shape) for n, p in build_model(spec).named_parameters()}

@@ -1,4 +1,4 @@
-"""Where ranks listen (runtime.net, runtime.dist) and clocks across hosts (cluster.telemetry).
+"""Where ranks listen (runtime.groups.net, runtime.groups.dist) and clocks across hosts (cluster.telemetry).
 
 Pure: the address and interface choices, and moving records onto the client's clock.
 Multirank: a spawned group (the start-up of torchrun and bench/) listens on loopback only,
@@ -12,7 +12,7 @@ import pytest
 
 from interactive_parallel.cluster.telemetry import Telemetry
 from interactive_parallel.records import CommRecord, PipelineEvent, StepRecord, TokenRecord
-from interactive_parallel.runtime import net
+from interactive_parallel.runtime.groups import net
 from mp_harness import run_ranks
 
 
@@ -69,7 +69,7 @@ def listeners(rank: int) -> dict:
     """This rank's listening sockets and the interface its group bound to (in a spawned group)."""
     import psutil
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     proc = psutil.Process()
     conns = proc.net_connections(kind="inet") if hasattr(proc, "net_connections") else proc.connections(kind="inet")

@@ -119,8 +119,8 @@ def test_a_text_shorter_than_one_batch_is_refused_with_the_numbers():
 def test_documents_are_joined_by_the_end_of_sequence_token_and_cut_into_rows(tmp_path):
     import torch
 
-    from interactive_parallel.runtime import data
-    from interactive_parallel.runtime.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.training import data
 
     tok = get_tokenizer()
     docs = ["12+3=15", "ab", "hello\nworld"]
@@ -145,8 +145,8 @@ def test_documents_are_joined_by_the_end_of_sequence_token_and_cut_into_rows(tmp
 def test_batches_are_fixed_by_seed_and_step_and_dp_slices_make_the_global_batch(tmp_path):
     import torch
 
-    from interactive_parallel.runtime import data
-    from interactive_parallel.runtime.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer
+    from interactive_parallel.runtime.training import data
 
     tok = get_tokenizer()
     source = checks.check_data(text_file(tmp_path, lines=30))
@@ -222,7 +222,7 @@ def dirs(tmp_path_factory):
 @pytest.mark.rank1
 def test_a_directory_with_a_tokenizer_uses_it_and_presets_keep_the_package_one(dirs):
     from interactive_parallel.runtime.api import checked_spec
-    from interactive_parallel.runtime.tokenizer import get_tokenizer, tokenizer_for
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer, tokenizer_for
 
     spec = checked_spec(resolve_model(str(dirs["model"])))
     tok = tokenizer_for(spec)
@@ -247,12 +247,12 @@ def test_batches_and_generate_speak_the_directory_tokenizer(dirs, tmp_path):
     import torch
 
     from interactive_parallel import Plan
-    from interactive_parallel.runtime import data
     from interactive_parallel.runtime.api import checked_spec
-    from interactive_parallel.runtime.generate import generate, generate_ids
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.tokenizer import get_tokenizer, tokenizer_for
-    from interactive_parallel.runtime.train import local_batch
+    from interactive_parallel.runtime.inference.generate import generate, generate_ids
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.model.tokenizer import get_tokenizer, tokenizer_for
+    from interactive_parallel.runtime.training import data
+    from interactive_parallel.runtime.training.train import local_batch
 
     spec = checked_spec(resolve_model(str(dirs["model"])))
     tok = tokenizer_for(spec)
@@ -285,7 +285,7 @@ def test_batches_and_generate_speak_the_directory_tokenizer(dirs, tmp_path):
 @pytest.mark.rank1
 def test_a_character_split_over_tokens_streams_once_complete(dirs):
     from interactive_parallel.runtime.api import checked_spec
-    from interactive_parallel.runtime.tokenizer import text_added, tokenizer_for
+    from interactive_parallel.runtime.model.tokenizer import text_added, tokenizer_for
 
     tok = tokenizer_for(checked_spec(resolve_model(str(dirs["model"]))))
     ids = tok("naïve café ☕ box")["input_ids"]

@@ -17,7 +17,7 @@ import pytest
 
 from interactive_parallel.plan import PRESETS, Plan
 from interactive_parallel.plan.models import spec_from_config_dict
-from interactive_parallel.runtime.export import script_text
+from interactive_parallel.runtime.client.export import script_text
 import parity_workers as W
 
 pytestmark = pytest.mark.multirank
@@ -46,7 +46,7 @@ def test_a_derived_familys_script_derives_again_and_reads_the_sessions_text(tmp_
     """The facts are not written out (the script's parallelize derives them from the config), and
     the text the session trained on is the script's too."""
     from interactive_parallel.records import DataSource
-    from interactive_parallel.runtime.families import with_facts
+    from interactive_parallel.runtime.model.families import with_facts
     from test_any_model import BASE
 
     spec = with_facts(spec_from_config_dict(dict(BASE, model_type="qwen3"), name="tiny-qwen3"))

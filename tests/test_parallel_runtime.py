@@ -9,7 +9,7 @@ carry their communication from the comm ledger.
 Hot re-plan: logits before and after moving dp2xtp2 -> pp2xtp2 match (LOGIT_TOL).
 Checkpoint: saved under tp2xdp2, loaded under pp2xdp2 after the weights were changed,
 the logits are those at save time (LOGIT_TOL). api.verify() reports ok under both plans,
-and under dp2xtp2 with bf16 autocast (runtime.verify.TOLERANCE['bf16']).
+and under dp2xtp2 with bf16 autocast (runtime.training.verify.TOLERANCE['bf16']).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def test_generation_matches_transformers_generate(generated):
 
 def test_loss_parallel_generation_picks_the_same_greedy_tokens(generated):
     """The head's logits split on the vocabulary: the last position's are gathered before the
-    pick (runtime.decode), so greedy tokens are tp2's and transformers' own."""
+    pick (runtime.inference.decode), so greedy tokens are tp2's and transformers' own."""
     ref = W.reference_generate(NEW_TOKENS)
     for per_rank in generated:
         got = per_rank["tp2 loss-parallel"]["greedy"]
@@ -72,7 +72,7 @@ def test_cp_and_interleaved_pp_generation_match(generated):
 
 def test_tied_weights_in_both_ends_of_a_v_with_data_parallel_refused():
     from interactive_parallel.plan import Plan
-    from interactive_parallel.runtime.mesh import tie_group
+    from interactive_parallel.runtime.groups.mesh import tie_group
 
     with pytest.raises(ValueError, match=r"'zbv' with dp\(2\) \* fsdp\(1\) = 2"):
         tie_group(Plan(pp=2, dp=2, pp_schedule="zbv"), True, 0)

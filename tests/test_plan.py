@@ -213,8 +213,8 @@ def _imports(path) -> set[str]:
 
 
 def test_plan_and_serving_modules_import_no_circle():
-    """plan.activations and plan.estimate share plan.inventory; runtime.serve and
-    runtime.serve_transformers share runtime.serve_records: neither of a pair imports the other back."""
+    """plan.activations and plan.estimate share plan.inventory; runtime.inference.serve and
+    runtime.inference.serve_transformers share runtime.inference.serve_records: neither of a pair imports the other back."""
     import pathlib
 
     import interactive_parallel

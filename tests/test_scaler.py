@@ -1,4 +1,4 @@
-"""runtime.scaler.DTensorGradScaler on 2 gloo ranks: torch's ShardedGradScaler refuses a
+"""runtime.training.scaler.DTensorGradScaler on 2 gloo ranks: torch's ShardedGradScaler refuses a
 model whose gradients mix DTensors and plain tensors (tp leaves the norms plain); ours
 unscales it exactly (DTensors of two meshes, plain and sparse gradients in one optimizer),
 an inf in one rank's shard skips the step and backs off the scale on both ranks, and
@@ -97,7 +97,7 @@ def _ours_unscales(rank: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from interactive_parallel.runtime.scaler import DTensorGradScaler
+    from interactive_parallel.runtime.training.scaler import DTensorGradScaler
 
     model = _model(0)
     expected = _set_scaled_grads(model, 1)
@@ -118,7 +118,7 @@ def _inf_skips(rank: int) -> dict:
     """An inf in rank 1's local shard of the colwise weight only; then a clean step."""
     import torch.distributed as dist
 
-    from interactive_parallel.runtime.scaler import DTensorGradScaler
+    from interactive_parallel.runtime.training.scaler import DTensorGradScaler
 
     model = _model(0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -149,11 +149,11 @@ def _train(plan: Plan, scaler_kind: str | None) -> dict:
     import torch.distributed as dist
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.parallelize import parallelize
-    from interactive_parallel.runtime.scaler import DTensorGradScaler
-    from interactive_parallel.runtime.train import make_optimizer, train_step
-    from interactive_parallel.runtime.verify import global_loss
+    from interactive_parallel.runtime.layout.parallelize import parallelize
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.scaler import DTensorGradScaler
+    from interactive_parallel.runtime.training.train import make_optimizer, train_step
+    from interactive_parallel.runtime.training.verify import global_loss
 
     par = parallelize(PRESETS["tiny-llama"], plan)
     opt = make_optimizer(par)

@@ -28,7 +28,7 @@ def _flat(actions) -> list[str]:
 
 @pytest.mark.parametrize("plan", PLANS, ids=lambda p: f"{p.pp_schedule}-pp{p.pp}-v{p.stages_per_rank}")
 def test_order_per_rank_is_torchs(plan):
-    from interactive_parallel.runtime.schedule_preview import preview_schedule, torch_order
+    from interactive_parallel.runtime.client.schedule_preview import preview_schedule, torch_order
 
     preview, torch = preview_schedule(plan), torch_order(plan)
     assert sorted(torch) == list(range(plan.pp)) == sorted(preview.idle)
@@ -51,7 +51,7 @@ def test_order_per_rank_is_torchs(plan):
 
 
 def test_simulation_keeps_the_dependencies_and_its_idle():
-    from interactive_parallel.runtime.schedule_preview import preview_schedule
+    from interactive_parallel.runtime.client.schedule_preview import preview_schedule
 
     plan = Plan(pp=2, pp_schedule="zbv", microbatches=4, batch_size=8)
     p = preview_schedule(plan)
@@ -89,8 +89,8 @@ def test_bad_plan_refused_before_torch_loads():
 
 
 def test_session_preview_defaults_to_the_applied_plan():
-    from interactive_parallel.cluster.schedules import preview_schedule
     from interactive_parallel.cluster.errors import SessionError
+    from interactive_parallel.cluster.schedules import preview_schedule
 
     with pytest.raises(SessionError, match="no plan to preview"):
         preview_schedule(None, None)

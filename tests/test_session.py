@@ -18,8 +18,8 @@ from interactive_parallel.cluster import RankError
 from interactive_parallel.plan import resolve_model
 from interactive_parallel.plan.models import UnknownModelError
 from interactive_parallel.runtime import api
-from interactive_parallel.runtime.parallelize import parallelize
-from interactive_parallel.runtime.train import make_optimizer, train_step
+from interactive_parallel.runtime.layout.parallelize import parallelize
+from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
 pytestmark = pytest.mark.session
 
@@ -255,7 +255,7 @@ def test_driving_ranks_never_imports_torch_in_the_client(tmp_path):
 def test_load_model_from_a_config_object_and_a_local_directory(session4, tmp_path):
     from transformers import LlamaConfig
 
-    from interactive_parallel.runtime.models import build_model
+    from interactive_parallel.runtime.model.models import build_model
 
     config = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)

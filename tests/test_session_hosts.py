@@ -19,7 +19,7 @@ from conftest import live_session
 from interactive_parallel import Plan, Session
 from interactive_parallel.cluster import SessionError
 from interactive_parallel.records import CommRecord
-from interactive_parallel.runtime import net
+from interactive_parallel.runtime.groups import net
 
 pytestmark = pytest.mark.session
 
@@ -73,7 +73,7 @@ def _clock_ahead(seconds: float, rank: int) -> None:
     """On `rank`: time.time() runs `seconds` ahead (0: back to the real clock)."""
     import time
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     real = getattr(time, "_ip_real_time", time.time)
     time._ip_real_time = real

@@ -24,8 +24,8 @@ def laid_out(session4):
 
 
 def _wrap_train_step(wrap) -> None:
-    """On a rank: runtime.train.train_step replaced by `wrap(real)` (a test fault, undone by `_heal`)."""
-    import interactive_parallel.runtime.train as train
+    """On a rank: runtime.training.train.train_step replaced by `wrap(real)` (a test fault, undone by `_heal`)."""
+    import interactive_parallel.runtime.training.train as train
 
     real = getattr(train, "_real_train_step", train.train_step)
     train._real_train_step = real
@@ -33,14 +33,14 @@ def _wrap_train_step(wrap) -> None:
 
 
 def _heal() -> None:
-    import interactive_parallel.runtime.train as train
+    import interactive_parallel.runtime.training.train as train
 
     train.train_step = getattr(train, "_real_train_step", train.train_step)
 
 
 def _step_now(s) -> int:
     """The optimizer step the ranks will number next."""
-    return s.run(lambda: __import__("interactive_parallel.runtime.state", fromlist=["get"]).get().step)[0]
+    return s.run(lambda: __import__("interactive_parallel.runtime.rank.state", fromlist=["get"]).get().step)[0]
 
 
 def _hold_steps_after(step: int, wait_s: float, gate: str | None = None) -> None:
@@ -48,11 +48,11 @@ def _hold_steps_after(step: int, wait_s: float, gate: str | None = None) -> None
     - with `gate`, until that file exists: the client writes it when it has seen step `step`,
       so a run whose records did not stream would stop here and raise instead of finishing;
     - without, until this rank has been asked to stop (its own view,
-      runtime.channel.stop_requested), once what it holds for the client has gone: the ranks
+      runtime.rank.channel.stop_requested), once what it holds for the client has gone: the ranks
       cannot run ahead of the request, however slow the client is to see the steps and ask."""
     import os
 
-    from interactive_parallel.runtime import channel, state
+    from interactive_parallel.runtime.rank import channel, state
 
     def released() -> bool:
         return os.path.exists(gate) if gate else channel.stop_requested()
@@ -103,7 +103,7 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
 @pytest.mark.parametrize("plan", [PLAN, Plan(dp=4, batch_size=8, seq_len=32)], ids=["dp2xtp2", "dp4"])
 def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session4, plan):
     """Under dp2xtp2 the ranks vote in a collective of its own; under pure DDP the vote rides
-    in the last gradient bucket (runtime.channel.ddp_vote_hook). The client asks to stop once it
+    in the last gradient bucket (runtime.rank.channel.ddp_vote_hook). The client asks to stop once it
     has seen three steps; the ranks hold the fourth until each has the request (a gate, so the
     count does not depend on how fast the machine is): the vote cast during that fourth step
     stops every rank at its end, one step after the request, never later."""
@@ -134,7 +134,7 @@ def test_interrupt_stops_every_rank_at_the_same_boundary_within_one_step(session
 
 def _fail_at_step(rank: int, step: int) -> None:
     """Make `rank` raise in the optimizer step numbered `step` (a test fault)."""
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     def wrap(real):
         def faulty(par, optimizer, index, **kw):

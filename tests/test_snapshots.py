@@ -16,7 +16,7 @@ import os
 import pytest
 
 from interactive_parallel.plan import Plan
-from interactive_parallel.runtime import checkpoint as ck
+from interactive_parallel.runtime.checkpoints import checkpoint as ck
 
 pytestmark = pytest.mark.pure
 

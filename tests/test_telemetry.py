@@ -45,8 +45,8 @@ def ledger_and_commdebugmode() -> tuple[dict, dict]:
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.debug._comm_mode import _CommModeModuleTracker
 
-    from interactive_parallel.runtime import state
-    from interactive_parallel.runtime.train import train_step
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.train import train_step
 
     class OneHookPerCall(_CommModeModuleTracker):
         """CommDebugMode's module tracker keeps one forward hook per module name and drops the
@@ -77,7 +77,7 @@ def ledger_and_commdebugmode() -> tuple[dict, dict]:
 
 
 def local_params() -> dict[str, torch.Tensor]:
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     par = state.get().parallel
     owned = set(par.owned_keys())
@@ -86,7 +86,7 @@ def local_params() -> dict[str, torch.Tensor]:
 
 
 def full_params() -> dict[str, torch.Tensor]:
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     return state.get().parallel.full_state_dict()
 
@@ -113,7 +113,7 @@ def test_ddp_all_reduce_bytes_equal_gradient_bytes(session4):
     _run(session4, Plan(dp=4, **BASE))
     comms, mem = session4.comms(), session4.memory()
     reduced = _by_rank(comms, "all_reduce", "dp")
-    vote = 4  # a Session's stop vote rides in the last bucket: one float32 (runtime.channel.ddp_vote_hook)
+    vote = 4  # a Session's stop vote rides in the last bucket: one float32 (runtime.rank.channel.ddp_vote_hook)
     assert reduced == {m.rank: m.grads + vote for m in mem}, "bucket bytes summed over a step = gradient bytes"
     assert all(c.end >= c.start > 0 and c.group == [0, 1, 2, 3] for c in comms)
     # besides the buckets only DDP's one-off broadcast of rebuilt bucket indices (int32, step 1)

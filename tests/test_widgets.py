@@ -19,10 +19,10 @@ import pytest
 from fake_session import ELEMENTS, WORLD, FakeSession
 
 import interactive_parallel as ip
+from interactive_parallel import viz
 from interactive_parallel.cluster import Session
 from interactive_parallel.plan import Plan
 from interactive_parallel.records import RecordList, StepRecord, VerifyReport
-from interactive_parallel import viz
 from interactive_parallel.viz import loss_figure
 from interactive_parallel.widgets import Panel, panel
 from interactive_parallel.widgets import cluster as cluster_mod
@@ -663,7 +663,7 @@ def pruned(d):
 
 # ---- against a live session ---------------------------------------------------------------------
 def _fails_on_rank_three():
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     if state.get().rank == 3:
         raise ValueError("rank three refuses")

@@ -2,7 +2,7 @@
 
 Owns what Session.calibrate does: refuse (before any rank is touched) a session with no model
 (the matmuls are timed at the loaded model's shapes) and options the ranks could not run
-(plan.calibration.calibrate_options), then every rank runs runtime.calibrate at once, each
+(plan.calibration.calibrate_options), then every rank runs runtime.calibration.calibrate at once, each
 rank's free memory is read, and plan.calibration.fit_profile fits the profile to the slowest
 rank of every sample, on top of a base profile for what calibration does not measure (on a
 CPU the shipped 'cpu' profile: its peak and fp16 figures); when the applied plan has a run of

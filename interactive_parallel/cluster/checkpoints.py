@@ -7,8 +7,8 @@ directory with it is whole; a transformers directory from save_pretrained carrie
 either save may replace the other), the rule that a save replaces only a checkpoint, and the
 checks a load makes on this side before any rank reads (an interrupted save, no manifest, a
 checkpoint of another model, naming its parameters). A save is written under a temporary
-name beside its path and moved into place (runtime/atomic_dir.py); the tensors themselves are
-torch.distributed.checkpoint's, written and read by the ranks (runtime/checkpoint.py). Knows
+name beside its path and moved into place (runtime/checkpoints/atomic_dir.py); the tensors themselves are
+torch.distributed.checkpoint's, written and read by the ranks (runtime/checkpoints/checkpoint.py). Knows
 nothing of pools or torch: the rank call is handed in.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Awaitable, Callable
 
 from ..plan import ModelSpec, Plan
 from ..records import SaveInfo
-from ..runtime import atomic_dir
+from ..runtime.checkpoints import atomic_dir
 from .errors import SessionError
 
 MANIFEST = "interactive_parallel.json"

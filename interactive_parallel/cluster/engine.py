@@ -6,7 +6,7 @@ registration with the controller instead of following it. Knows nothing else; an
 ipyparallel engine works as a rank, this one only starts sooner.
 """
 if __name__ == "__main__":
-    from interactive_parallel.runtime import warm
+    from interactive_parallel.runtime.rank import warm
 
     warm.start()
     from ipyparallel.engine.app import main

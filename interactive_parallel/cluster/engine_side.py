@@ -1,14 +1,14 @@
 """What the client installs inside each ipyparallel engine, and what only the engine knows.
 
 Owns the names a %%px cell finds on every rank, the folders put on the engines' sys.path for
-functions shipped from local files, how runtime.channel talks to the client through ipyparallel's own machinery, and the
+functions shipped from local files, how runtime.rank.channel talks to the client through ipyparallel's own machinery, and the
 controller address this engine registered with (the rendezvous is chosen on the interface
 that reaches it). Records go out with `publish_data`, each under a fresh sequence-number
 key, so the task's `data` on the client accumulates them in order (calls.RankCaller.stream
 reads them). Every publish costs CPU in the engine, the controller and the client, CPU a
 small machine's ranks share with their steps (bench/bench_session.py), so records close
 together travel together: the first after a pause goes at once, the rest at most every
-PUBLISH_S, and whatever is held leaves when the call ends (runtime.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
+PUBLISH_S, and whatever is held leaves when the call ends (runtime.rank.channel.flush). A stop request comes in as ipyparallel's `abort` of the task that
 is running: the engine's control thread (which serves while the task runs) adds its message
 id to the kernel's `aborted` set, and the stop source finds it there at the next boundary.
 Runs on engines, but for `folder_to_import`, which the client asks before it ships a
@@ -24,11 +24,11 @@ PUBLISH_S = 0.1  # live views redraw at most this often anyway
 
 
 def install() -> bool:
-    """Point runtime.channel at this engine's kernel (idempotent)."""
+    """Point runtime.rank.channel at this engine's kernel (idempotent)."""
     from IPython import get_ipython
     from ipyparallel.datapub import publish_data
 
-    from ..runtime import channel
+    from ..runtime.rank import channel
 
     kernel = get_ipython().kernel
     seq = itertools.count()
@@ -108,7 +108,7 @@ def define_px_names() -> None:
     import torch.distributed as dist
     from IPython import get_ipython
 
-    from interactive_parallel.runtime import state
+    from interactive_parallel.runtime.rank import state
 
     st = state.get()
     get_ipython().user_ns.update(torch=torch, dist=dist, rank=st.rank, world_size=st.world_size,

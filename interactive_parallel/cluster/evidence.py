@@ -3,26 +3,47 @@
 Owns the two short waits that make the naming right: for a dead process behind a lost
 connection (on another host only the controller's heartbeat sees it; a process of our own
 pool is seen at once), and for blocked peers to time out too, so the rank still running after
-them can be named hung. Knows nothing of models; reads the rank set's caller and processes.
+them can be named hung. Also owns `Witness`, what those waits read of a rank set (its caller,
+its dead processes, the faults armed and fired), declared here so that cluster/rankset.py,
+which gathers the evidence, is not imported back. Knows nothing of models or of the rank set
+beyond that.
 """
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol, Sequence
 
+from ..records import FaultSpec
 from . import diagnose
+from .calls import RankCaller
 from .diagnose import STUCK_MARGIN_S, Evidence
 from .errors import RankError, remote_error_fields
-
-if TYPE_CHECKING:
-    from .rankset import RankSet
 
 DEATH_WAIT_S = 4.0
 """After a peer's connection dropped, how long to look for a dead engine behind it."""
 
 
-async def gather_evidence(ranks: "RankSet", exc: RankError) -> Evidence:
+class Witness(Protocol):
+    """What the evidence of a failed call is read from: the rank set (cluster/rankset.py) is one."""
+
+    caller: RankCaller | None
+    collective_timeout: float
+    faults: list[FaultSpec]
+    """Faults armed for the call that failed."""
+    fired: list[FaultSpec]
+    """Faults that fired during it."""
+
+    def dead_ranks(self) -> list[int]: ...
+
+    def mark_gone(self, ranks: Sequence[int]) -> None: ...
+
+    def controller_gone(self) -> bool: ...
+
+    def controller_pid(self) -> int | None: ...
+
+
+async def gather_evidence(ranks: Witness, exc: RankError) -> Evidence:
     dead = ranks.dead_ranks()
     if not dead and diagnose.lost_peer(exc):
         for _ in range(int(DEATH_WAIT_S / 0.05)):
@@ -40,7 +61,7 @@ async def gather_evidence(ranks: "RankSet", exc: RankError) -> Evidence:
                     controller_gone=ranks.controller_gone(), controller_pid=ranks.controller_pid())
 
 
-async def still_running(ranks: "RankSet") -> tuple[list[int], dict[int, str]]:
+async def still_running(ranks: Witness) -> tuple[list[int], dict[int, str]]:
     """Wait (up to STUCK_MARGIN_S) while more than one straggler runs; then the ranks still
     running (left pending on the caller), and the first error line of those that failed meanwhile."""
     pending = ranks.caller.pending

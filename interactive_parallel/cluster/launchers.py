@@ -284,7 +284,7 @@ def _host_names() -> list[str]:
     """On an engine: its host name and every IPv4 address it has (a host may be named either way)."""
     import socket
 
-    from ..runtime import net
+    from ..runtime.groups import net
 
     return [socket.gethostname(), *(a for addrs in net.ipv4_interfaces().values() for a in addrs)]
 

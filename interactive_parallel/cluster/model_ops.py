@@ -24,7 +24,7 @@ from ..plan.inference import serving_engine
 from ..records import (DataSource, DecodeStep, GenerateOptions, RecordList, RequestRecord, ServeOptions,
                        ServeResult, StepRecord, TokenRecord, VerifyReport)
 from ..runtime import api
-from ..runtime.tokenizer import tokenizer_dir
+from ..runtime.model.tokenizer import tokenizer_dir
 from . import checkpoints, checks
 from .errors import RankError, SessionError
 from .rankset import RankSet
@@ -325,7 +325,7 @@ class ModelOps:
         return await checkpoints.save(path, self.spec, plan, write)
 
     async def save_pretrained(self, path: str, max_shard_size: int | str) -> str:
-        """A transformers directory at `path` (runtime.hf_export), under save's rules: a path that
+        """A transformers directory at `path` (runtime.checkpoints.hf_export), under save's rules: a path that
         is not ours refused, written under a staging name and moved into place."""
         plan = self.require_layout()
         checks.refuse_quantized(self.quantization, "save_pretrained")
@@ -360,7 +360,7 @@ class ModelOps:
     async def export_script(self, path: str, steps: int) -> str:
         """The script at `path`, and beside it (`<name>_state/`) the ranks' current weights,
         optimizer state and step, from which the script resumes."""
-        from ..runtime.export import script_text
+        from ..runtime.client.export import script_text
 
         plan = self.require_layout()
         per_host: dict[str, int] = {}

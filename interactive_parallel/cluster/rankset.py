@@ -28,8 +28,8 @@ from . import clocks, diagnose, engine_side, rendezvous
 from .calls import RankCaller, Submitted
 from .checks import check_fault
 from .diagnose import STUCK_MARGIN_S
-from .evidence import gather_evidence
 from .errors import RankError, RankTimeout, SessionError
+from .evidence import gather_evidence
 from .pool import LocalPool, Pool, process_gone
 
 DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "gpu", "device", "backend", "address", "threads", "torch",
@@ -261,7 +261,7 @@ class RankSet:
 
     async def inject(self, fault: FaultSpec) -> FaultSpec:
         """Arm `fault` on its rank (checked here first: nothing is sent for a bad one)."""
-        from ..runtime.faults import KINDS, PLACES
+        from ..runtime.rank.faults import KINDS, PLACES
 
         check_fault(fault, self.world_size, KINDS, PLACES)
         await self.require()

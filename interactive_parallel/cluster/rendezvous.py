@@ -4,7 +4,7 @@ and how every rank joins it.
 Owns the rank assignment (`assign`: stable, hosts contiguous, per-host local ranks, one GPU
 each under CUDA, pinned to its engine across re-forms), the choice of the rendezvous address
 (loopback on one host; across hosts the interface the user names, checked on every rank
-first, or the one rank 0 reaches the controller through: runtime/net.py picks the address on
+first, or the one rank 0 reaches the controller through: runtime/groups/net.py picks the address on
 the rank) and the refusal of an address other hosts cannot reach. Knows nothing of models, and nothing of pools beyond the call it is
 handed (`call(fn, args, ranks=..., what=..., timeout=...)`, results in rank order).
 """
@@ -14,7 +14,8 @@ import dataclasses
 from typing import Awaitable, Callable, Sequence
 
 from ..records import GroupMember, RankPlace
-from ..runtime import api, net
+from ..runtime import api
+from ..runtime.groups import net
 from . import engine_side
 from .errors import SessionError
 

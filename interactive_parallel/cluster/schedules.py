@@ -2,7 +2,7 @@
 
 Owns what Session.preview_schedule does: the plan (given, else the applied one) refused with
 validate's messages before torch is imported here, against the loaded model when there is one;
-then runtime/schedule_preview.py, imported on first use as the dry run is. Runs nothing on the
+then runtime/client/schedule_preview.py, imported on first use as the dry run is. Runs nothing on the
 ranks and knows nothing of how the simulation works.
 """
 from __future__ import annotations
@@ -18,6 +18,6 @@ def preview_schedule(plan: Plan | None, spec: ModelSpec | None) -> SchedulePrevi
     check(plan, plan.world_size, spec)
     if plan.pp < 2:
         raise PlanError([f"pp({plan.pp}): a pipeline schedule needs pp >= 2"])
-    from ..runtime.schedule_preview import preview_schedule as simulate
+    from ..runtime.client.schedule_preview import preview_schedule as simulate
 
     return simulate(plan)

@@ -7,7 +7,7 @@ watcher, cluster/reaper.py, with a state file of its own) that removes it if thi
 process dies first. A directory the user gives (`Session(state_dir=...)`, e.g. a shared
 file system for ranks on several hosts) is used as it is and never removed; and whether
 every rank reads it. Its parts are named once, in records.ScratchLayout. Knows nothing of
-what the ranks write there (runtime/checkpoint.py) or of torch.
+what the ranks write there (runtime/checkpoints/checkpoint.py) or of torch.
 """
 from __future__ import annotations
 

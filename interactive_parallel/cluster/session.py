@@ -431,7 +431,7 @@ class Session:
 
         spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
         check(plan, plan.world_size if world is None else world, spec)  # before torch loads here
-        from ..runtime.dryrun import dry_run
+        from ..runtime.client.dryrun import dry_run
 
         return dry_run(spec, plan, world, **kwargs)
 

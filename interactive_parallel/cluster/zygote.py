@@ -89,7 +89,7 @@ def _template(n: int, profile_dir: str, connection_file: str, fifo: str | None) 
 
     import ipyparallel.engine.app  # noqa: F401
 
-    from interactive_parallel.runtime.warm import import_heavy
+    from interactive_parallel.runtime.rank.warm import import_heavy
 
     import_heavy()  # here, unlike the warm-up thread, a failure stops the zygote with its error
     if cuda_touched():

@@ -306,7 +306,7 @@ def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
     stages = plan.stage_ids(pp_rank) if plan.pp > 1 else [0]
     out = 0
     if 0 in stages and plan.cp == 1:
-        # The ids are a view of the global batch (runtime.train), whose whole storage counts;
+        # The ids are a view of the global batch (runtime.training.train), whose whole storage counts;
         # on CUDA they are copied over: this rank's rows only.
         rows = plan.batch_size if plan.device == "cpu" else plan.batch_size // plan.data_parallel
         out += rows * (plan.seq_len + 1) * INT64

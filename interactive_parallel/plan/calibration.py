@@ -7,7 +7,7 @@ least squares of t = a + x / rate for matmuls (x = FLOPs), elementwise ops (x = 
 each collective per (op, group size, link class) (x = bytes times the op's bus factor). The
 weights are 1 / t^2, so every size counts by its relative error and the small sizes fix the
 fixed costs while the large ones fix the rates. Knows nothing of torch or of how the samples
-were taken (runtime/calibrate.py takes them).
+were taken (runtime/calibration/calibrate.py takes them).
 """
 from __future__ import annotations
 

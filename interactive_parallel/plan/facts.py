@@ -4,7 +4,7 @@ Owns `FamilyInfo` and its parts (`Linear`, a block linear's shape; `ExpertsInfo`
 experts' router and stacked experts), the TP style names a family's plan may use (TP_STYLES,
 transformers' own names), and FAMILIES: the families held by hand (Llama, for the torch-free
 tiers, and GPT-2, whose config ships no TP plan); every other family's facts are derived from
-transformers by runtime.families and carried in its spec (plan.models.ModelSpec.facts). Pure
+transformers by runtime.model.families and carried in its spec (plan.models.ModelSpec.facts). Pure
 Python: knows nothing of torch or transformers objects; the runtime and the estimator interpret
 these facts, the model code is never edited.
 """
@@ -70,7 +70,7 @@ class ExpertsInfo:
 class FamilyInfo:
     """Everything that differs between transformers model families, as data.
 
-    The runtime (runtime/parallel/{pp,tp,cp}.py, runtime/parallelized.py) and the estimator
+    The runtime (runtime/parallel/{pp,tp,cp}.py, runtime/layout/parallelized.py) and the estimator
     (plan/estimate.py) interpret these fields and never branch on a family's name: a new
     family is one FAMILIES entry. Module paths are dotted paths from the causal LM (model
     level) or from one decoder block (block level), as named_modules() spells them.
@@ -171,7 +171,7 @@ class FamilyInfo:
 FAMILIES: dict[str, FamilyInfo] = {
     # Held by hand though transformers declares it: the presets' family, read by the pure tiers
     # (estimates, planner) without building a model. tests/test_any_model.py holds it equal to
-    # what runtime.families derives from these model types.
+    # what runtime.model.families derives from these model types.
     "llama": FamilyInfo(
         model_types=("llama",),
         layers_path="model.layers",

@@ -7,7 +7,7 @@ Qwen3-32B, Gemma-3-27B's text model, Mistral-7B and GPT-2 XL, its dropout off as
 presets), and how a model is named (resolve_model: a preset, a shipped config, a config file
 or dict, a local directory). A family's facts (plan.facts: module paths, every block linear's
 shape and TP style, the experts, what the model's forward does around its blocks) are derived
-from transformers itself (runtime.families) and carried in the spec (`ModelSpec.facts`);
+from transformers itself (runtime.model.families) and carried in the spec (`ModelSpec.facts`);
 plan.facts.FAMILIES holds by hand only what transformers does not declare. They are
 re-exported here. Pure Python: knows nothing of torch or transformers objects; the
 runtime and the estimator interpret these facts, the model code is never edited.
@@ -45,7 +45,7 @@ class ModelSpec:
     description: str = ""
     """One line for menus."""
     facts: "FamilyInfo | None" = None
-    """The family's facts derived from transformers (runtime.families), for a model type FAMILIES
+    """The family's facts derived from transformers (runtime.model.families), for a model type FAMILIES
     does not hold by hand; None until derived."""
 
     @property
@@ -59,7 +59,7 @@ class ModelSpec:
 
     @property
     def needs_facts(self) -> bool:
-        """Its family facts must be derived (runtime.families.with_facts) before they are read."""
+        """Its family facts must be derived (runtime.model.families.with_facts) before they are read."""
         return self.facts is None and self.family not in FAMILIES
 
     @property
@@ -133,7 +133,7 @@ class ModelSpec:
         if self.family in FAMILIES:
             return FAMILIES[self.family]
         raise UnknownModelError(f"the facts of model type {self.family!r} ({self.name}) are derived from "
-                                "transformers and were not yet: interactive_parallel.runtime.families.with_facts(spec)")
+                                "transformers and were not yet: interactive_parallel.runtime.model.families.with_facts(spec)")
 
 
 

@@ -139,13 +139,13 @@ class Plan:
     def uses_ddp(self) -> bool:
         """Whether the model is wrapped in DDP: pure data parallelism over more than one rank.
         With any other axis beside dp (HSDP, or dp with tp / pp / cp) gradients are averaged
-        by FSDP2's fully_shard or replicate instead (runtime.parallelize)."""
+        by FSDP2's fully_shard or replicate instead (runtime.layout.parallelize)."""
         return self.dp > 1 and self.world_size == self.dp and self.ep == 1
 
     @property
     def gradient_axes(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """(sharded, replicated): the mesh axes over which a step averages the gradients, each
-        group folded into one (runtime.mesh builds the meshes; plan.estimate names the groups).
+        group folded into one (runtime.groups.mesh builds the meshes; plan.estimate names the groups).
         cp ranks hold the same parameters and see different tokens, so for gradients they are
         data-parallel ranks: sharded with fsdp under FSDP, else replicated with dp. Both
         non-empty: HSDP (one 2-D shard mesh, replicate x shard)."""

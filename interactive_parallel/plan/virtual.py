@@ -6,7 +6,7 @@ divide evenly makes ranks of one stage differ) and how a representative's record
 another rank's of its class (`move`: groups and peers follow the mesh; `DryRun.mover`, the
 simulator's, recomputes index ranges), and the DryRun that holds them: `memory()`, `comms()`,
 `layout()`, the same record types a live Session returns, so viz/ and the panel draw both.
-Pure Python: knows no torch and nothing of how ranks are simulated (runtime/dryrun.py).
+Pure Python: knows no torch and nothing of how ranks are simulated (runtime/client/dryrun.py).
 """
 from __future__ import annotations
 

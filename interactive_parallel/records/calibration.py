@@ -2,7 +2,7 @@
 
 Owns `CalibrateOptions` (the matmul shapes and token counts, the precisions, the elementwise
 sizes, the collectives' group sizes, ops and byte sizes, the repeats) and the names of the
-overlap measurement's three samples, which both the measuring (runtime/calibrate.py) and the
+overlap measurement's three samples, which both the measuring (runtime/calibration/calibrate.py) and the
 fit (plan/calibration.py) read. The samples that come back are records.hardware's
 CalibrationSample. Knows nothing of torch, of how the figures are measured or fitted, or of
 where the shapes come from (plan/calibration.py derives them from a ModelSpec).
@@ -55,7 +55,7 @@ class CalibrateOptions(Record):
     span several OS time slices, so ranks sharing cores wait in it as they do in a step."""
     repeats: int = 5
     """Timed batches of matmuls or adds, timed calls of a collective (three times as many:
-    runtime.calibrate), per measurement after a warm-up; a sample is their median."""
+    runtime.calibration.calibrate), per measurement after a warm-up; a sample is their median."""
     rows: int = 0
     """Sequences of the timed training steps of the model with one and with three decoder layers
     (forward, backward, AdamW; the spec rides beside the options): the cost of a block and of

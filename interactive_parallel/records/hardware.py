@@ -6,7 +6,7 @@ of an operation, memory bandwidth and size, and one link per class of connection
 collective), the raw samples a calibration takes on each rank (plan/hardware.py fits a
 profile to them), and the prediction of one plan's step (its split into compute,
 communication and pipeline bubble). The shipped profiles, the fit and the model are plan/'s;
-the measuring is runtime/calibrate.py's. Knows nothing of torch, ipyparallel or plotly.
+the measuring is runtime/calibration/calibrate.py's. Knows nothing of torch, ipyparallel or plotly.
 """
 from __future__ import annotations
 

@@ -118,14 +118,14 @@ class VerifyReport(Record):
 
 
 FaultKind = Literal["kill", "hang", "raise", "skip_collective", "slow"]
-"""What an injected fault does (runtime/faults.py)."""
+"""What an injected fault does (runtime/rank/faults.py)."""
 FaultPlace = Literal["step", "collective"]
 """Where it fires: at a step boundary, or inside a collective of that step."""
 
 
 @dataclass
 class FaultSpec(Record):
-    """A fault to inject on one rank (Session.inject; see runtime/faults.py for the kinds)."""
+    """A fault to inject on one rank (Session.inject; see runtime/rank/faults.py for the kinds)."""
 
     kind: ClassVar[str] = "fault"
     rank: int

@@ -4,7 +4,7 @@ Owns the simulated action (what a rank does in one slot of torch's simulator: a 
 input or weight half of a backward, a full backward, a send or a receive) and the preview of
 one plan's schedule (every rank's actions and the idle share the simulation gives each rank).
 The measured counterpart is training's PipelineEvent. Knows nothing of torch, ipyparallel or
-plotly: runtime/schedule_preview.py fills these from torch's simulator, viz/ draws them.
+plotly: runtime/client/schedule_preview.py fills these from torch's simulator, viz/ draws them.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 and the scratch directory's parts both sides name.
 
 Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mechanism), nor of
-the file formats written under those paths (runtime/checkpoint.py).
+the file formats written under those paths (runtime/checkpoints/checkpoint.py).
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ class ScratchLayout(Record):
 
     @property
     def snapshots(self) -> str:
-        """Recovery snapshots, one folder a generation (runtime/checkpoint.py)."""
+        """Recovery snapshots, one folder a generation (runtime/checkpoints/checkpoint.py)."""
         return os.path.join(self.root, "snapshots")
 
     @property

@@ -2,9 +2,9 @@
 
 Owns what the client (or a torchrun script, or a test) can ask a rank to do, each a
 module-level function so ipyparallel ships it by reference, and the checks that the rank
-is ready for it; the bodies live beside it (runtime.replan: a re-plan's staging;
+is ready for it; the bodies live beside it (runtime.checkpoints.replan: a re-plan's staging;
 runtime.loop: the long calls, `train`, `generate`, `serve`, which hand each record to
-runtime.channel as it happens and stop when the ranks agree to; with no channel hooks
+runtime.rank.channel as it happens and stop when the ranks agree to; with no channel hooks
 installed they return their records at the end). Everything crossing to or from the
 client is a record (interactive_parallel.records) or a plain value. Knows nothing of
 ipyparallel itself: every function here also runs in a plain process. Imports torch only
@@ -24,13 +24,13 @@ from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, Group
                        VerifyReport)
 from ..records.calibration import CalibrateOptions
 from ..records.hardware import CalibrationSample
-from . import state as _state
-from .state import Quantized
+from .rank import state as _state
+from .rank.state import Quantized
 
 
 def identify() -> RankFacts:
     """Facts the client needs to assign ranks, before any torch.distributed exists."""
-    from . import warm
+    from .rank import warm
 
     warm.wait()  # the first call: later ones find the imports done
     import torch
@@ -65,7 +65,7 @@ def _installed(dist: str) -> str:
 
 def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
           threads: int | None = None, gpu: int = -1) -> RankIdentity:
-    from . import dist as _dist
+    from .groups import dist as _dist
 
     return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads, gpu)
 
@@ -73,7 +73,7 @@ def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
 def network(interface: str) -> NetworkFacts:
     """This rank's address on `interface` ("" when it has none) and the interfaces it does have:
     the client checks every rank before any of them waits for a rendezvous."""
-    from . import net
+    from .groups import net
 
     table = net.ipv4_interfaces()
     addrs = table.get(interface) or []
@@ -86,7 +86,7 @@ def master_endpoint(interface: str | None = None, toward: str | None = None) -> 
     this host reaches `toward` (the controller) through, else loopback. The store's socket is
     bound and listening from here on (no other process can take the port before the store
     does); init_process_group hands it to the store."""
-    from . import net
+    from .groups import net
 
     release_endpoint()
     sock = _state.get().store_listener = net.listener(net.rendezvous_address(interface, toward))
@@ -96,7 +96,7 @@ def master_endpoint(interface: str | None = None, toward: str | None = None) -> 
 def init_process_group(addr: str, port: int, device: str, timeout_s: float,
                        interface: str | None = None) -> GroupMember:
     """Join the group at addr:port: this rank's backend, device and the sockets it binds to."""
-    from . import dist as _dist
+    from .groups import dist as _dist
 
     st = _state.get()
     listen, st.store_listener = st.store_listener, None
@@ -111,7 +111,7 @@ def wall_clock() -> float:
 
 
 def teardown() -> bool:
-    from . import dist as _dist
+    from .groups import dist as _dist
 
     release_endpoint()
     _dist.teardown()
@@ -133,27 +133,27 @@ def keep_local() -> int | None:
     them only when every rank holds the same step), or None when there is nothing to keep, or
     nothing trustworthy: a rank that skipped a collective (an injected fault) may hold shards
     its peers never agreed on."""
-    from .recovery import keep_local as _keep_local
+    from .checkpoints.recovery import keep_local as _keep_local
 
     return _keep_local(_state.get())
 
 
 def doctor(engine_id: int) -> RankInfo:
-    from .doctor import check
+    from .groups.doctor import check
 
     return check(engine_id)
 
 
 def calibrate(options: CalibrateOptions, spec: ModelSpec | None = None) -> list[CalibrationSample]:
     """This rank's timings of matmuls at the options' shapes, elementwise chains, collectives on
-    every group size and layout, and compute / communication overlap (runtime.calibrate; a
+    every group size and layout, and compute / communication overlap (runtime.calibration.calibrate; a
     collective: every rank runs it at once). Needs the process group, not a model: the
     options carry the shapes (plan.calibration.calibrate_options derives them from a spec); with
     `spec`, training steps of it cut to one and three layers too (in this process, beside any
     layout: its own small models)."""
     import torch.distributed as tdist
 
-    from .calibrate import calibrate as _calibrate
+    from .calibration.calibrate import calibrate as _calibrate
 
     st = _state.get()
     if not tdist.is_initialized():
@@ -163,11 +163,11 @@ def calibrate(options: CalibrateOptions, spec: ModelSpec | None = None) -> list[
 
 def checked_spec(spec: ModelSpec) -> ModelSpec:
     """`spec` checked by transformers (its config built, its model's forward run on the meta
-    device), with its family facts derived (runtime.families) and its tokenizer one the model
-    can take (runtime.tokenizer.check: loaded, and kept, from a model directory that brings
+    device), with its family facts derived (runtime.model.families) and its tokenizer one the model
+    can take (runtime.model.tokenizer.check: loaded, and kept, from a model directory that brings
     one); nothing else on this rank changes."""
-    from . import tokenizer
-    from .families import with_facts
+    from .model import tokenizer
+    from .model.families import with_facts
 
     return tokenizer.check(with_facts(spec))
 
@@ -175,7 +175,7 @@ def checked_spec(spec: ModelSpec) -> ModelSpec:
 def prompt_lengths(prompts: list[str]) -> list[int]:
     """Tokens each prompt encodes to under the loaded model's tokenizer, special tokens included
     as generation adds them; nothing on this rank changes."""
-    from .tokenizer import tokenizer_for
+    from .model.tokenizer import tokenizer_for
 
     tok = tokenizer_for(_state.get().spec)
     return [len(ids) for ids in tok(list(prompts))["input_ids"]]
@@ -196,12 +196,12 @@ def apply_plan(plan: Plan, scratch: ScratchLayout | None = None,
 
     A layout already here is written to `scratch.replan` (a directory every rank can read)
     with torch.distributed.checkpoint and read back under the new plan, DCP resharding it: no
-    rank gathers a whole copy (runtime.replan). `restore` says where the state comes from
+    rank gathers a whole copy (runtime.checkpoints.replan). `restore` says where the state comes from
     when no layout is here (after a re-formed process group): KEPT (keep_local on every
     rank, same plan), SNAPSHOT (the newest under `scratch.snapshots`), or None (the plan's
     seed). The LayoutInfo says where it came from.
     """
-    from . import replan
+    from .checkpoints import replan
 
     st = _state.get()
     if st.spec is None:
@@ -211,7 +211,7 @@ def apply_plan(plan: Plan, scratch: ScratchLayout | None = None,
 
 def update_training(plan: Plan) -> None:
     """Change knobs that need no re-layout (batch size, sequence length, lr, accumulation)."""
-    from .train import make_scaler
+    from .training.train import make_scaler
 
     st = _require_plan()
     old = st.plan
@@ -225,12 +225,12 @@ def update_training(plan: Plan) -> None:
 def train(steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None,
           data: DataSource | None = None) -> list[StepRecord]:
     """Run up to `steps` optimizer steps on `data`'s text (None: the synthetic task,
-    runtime.data); each StepRecord goes to runtime.channel as its step ends. The ranks agree
+    runtime.training.data); each StepRecord goes to runtime.rank.channel as its step ends. The ranks agree
     whether to stop at every boundary (one tiny collective, cast once a step's gradients are
     ready and read at the next boundary), so all of them stop at the
     same boundary: a Stop asked before a step's gradients are ready ends the call after that
     step, one asked while it updates after the next. Every `snapshot_every` steps (0: never)
-    the state is written under `scratch.snapshots` (runtime.checkpoint.snapshot, no
+    the state is written under `scratch.snapshots` (runtime.checkpoints.checkpoint.snapshot, no
     collective) for recovery. The loop is runtime.loop.train.
     Returns the records no channel took (all of them when no driver listens)."""
     from . import loop
@@ -243,8 +243,8 @@ def train(steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = N
 def data_tokens(data: DataSource) -> int:
     """How many tokens `data`'s text is under the loaded model's tokenizer (documents joined
     by its end-of-sequence token), tokenized now and kept for training; no collective."""
-    from .data import token_ids
-    from .tokenizer import tokenizer_for
+    from .model.tokenizer import tokenizer_for
+    from .training.data import token_ids
 
     st = _state.get()
     if st.spec is None:
@@ -256,7 +256,7 @@ def take_snapshot(scratch: ScratchLayout) -> SnapshotInfo:
     """Write the state now under `scratch.snapshots` (no collective): what this rank wrote."""
     import time
 
-    from .checkpoint import snapshot, written_bytes
+    from .checkpoints.checkpoint import snapshot, written_bytes
 
     st = _require_plan()
     t0 = time.perf_counter()
@@ -281,21 +281,21 @@ def generate(prompts: list[str], max_new_tokens: int, options: GenerateOptions =
 
 
 def serve(requests: list[Request], options: ServeOptions) -> ServeResult:
-    """This rank's part of a serving call (runtime.serve): its replica's requests, continuously
+    """This rank's part of a serving call (runtime.inference.serve): its replica's requests, continuously
     batched by the engine the client chose (`options`). Tokens, finished requests and steps
-    stream through runtime.channel as they happen; the records no channel took come back in
-    the ServeResult. Armed faults fire at the engines' step boundaries (runtime.serve,
-    runtime.serve_transformers)."""
+    stream through runtime.rank.channel as they happen; the records no channel took come back in
+    the ServeResult. Armed faults fire at the engines' step boundaries (runtime.inference.serve,
+    runtime.inference.serve_transformers)."""
     from . import loop
 
     return loop.serve(_require_plan(), requests, options)
 
 
 def quantize(scheme: str) -> QuantizeRecord:
-    """Quantize this rank's block linears with torchao (runtime.quantize; a collective when the
+    """Quantize this rank's block linears with torchao (runtime.inference.quantize; a collective when the
     probe's forwards are): bytes before and after, decoding speed and greedy agreement measured.
     A model already quantized goes back to full precision first."""
-    from .quantize import quantize as _quantize
+    from .inference.quantize import quantize as _quantize
 
     st = _require_plan()
     dequantize()
@@ -306,7 +306,7 @@ def quantize(scheme: str) -> QuantizeRecord:
 
 def dequantize() -> bool:
     """Put back the full-precision weights quantize kept; False when the model was not quantized."""
-    from .quantize import dequantize as _dequantize
+    from .inference.quantize import dequantize as _dequantize
 
     return _dequantize(_state.get())
 
@@ -318,8 +318,8 @@ def _refuse_quantized(st, what: str) -> None:
 
 
 def inject(fault: FaultSpec) -> list[FaultSpec]:
-    """Arm a fault on this rank for its next long call (runtime/faults.py); the armed list."""
-    from . import faults
+    """Arm a fault on this rank for its next long call (runtime/rank/faults.py); the armed list."""
+    from .rank import faults
 
     faults.arm(fault)
     return faults.armed()
@@ -327,7 +327,7 @@ def inject(fault: FaultSpec) -> list[FaultSpec]:
 
 def disarm() -> int:
     """Forget the faults armed on this rank; how many there were."""
-    from . import faults
+    from .rank import faults
 
     return faults.disarm()
 
@@ -383,8 +383,8 @@ def verify(step: int | None = None, limit_bytes: int | None = None, data: DataSo
     `data`'s text, None: the synthetic task), built on rank 0 only (a collective); the same
     report on every rank. No optimizer step. When the reference would need more than rank 0's
     machine has (or `limit_bytes`), the report says so with the numbers (`note`) instead of trying."""
-    from .data import reading
-    from .verify import verify as _verify
+    from .training.data import reading
+    from .training.verify import verify as _verify
 
     st = _require_plan()
     _refuse_quantized(st, "verify")
@@ -395,17 +395,17 @@ def verify(step: int | None = None, limit_bytes: int | None = None, data: DataSo
 def save_checkpoint(path: str) -> SaveInfo:
     """Write weights, optimizer state and step with torch.distributed.checkpoint (a collective):
     what it wrote."""
-    from .checkpoint import save
+    from .checkpoints.checkpoint import save
 
     st = _require_plan()
     return save(st.parallel, st.optimizer, path, st.step)
 
 
 def save_pretrained(path: str, max_shard_size: int) -> SaveInfo:
-    """Write the model as a transformers directory at `path` (runtime.hf_export; a collective):
+    """Write the model as a transformers directory at `path` (runtime.checkpoints.hf_export; a collective):
     config, generation config, safetensors weights in files of at most `max_shard_size` bytes
     and the tokenizer; what it wrote. No rank gathers the model."""
-    from .hf_export import save_pretrained as _save_pretrained
+    from .checkpoints.hf_export import save_pretrained as _save_pretrained
 
     st = _require_plan()
     _refuse_quantized(st, "save_pretrained")
@@ -415,7 +415,7 @@ def save_pretrained(path: str, max_shard_size: int) -> SaveInfo:
 def checkpoint_problems(path: str) -> list[str]:
     """Why the checkpoint at `path` does not fit the loaded model (empty: it fits). Reads the
     checkpoint's metadata only; nothing on the rank changes."""
-    from .checkpoint import problems
+    from .checkpoints.checkpoint import problems
 
     return problems(_require_plan().parallel, path)
 
@@ -425,8 +425,8 @@ def load_checkpoint(path: str) -> SaveInfo:
     optimizer state (a fresh optimizer when the checkpoint has none) and step; what it read.
     A checkpoint of another model is refused (CheckpointMismatch naming the parameters)
     before anything changes."""
-    from .checkpoint import CheckpointMismatch, load, problems
-    from .train import make_optimizer
+    from .checkpoints.checkpoint import CheckpointMismatch, load, problems
+    from .training.train import make_optimizer
 
     st = _require_plan()
     found = problems(st.parallel, path)

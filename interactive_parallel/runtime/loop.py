@@ -1,18 +1,15 @@
-"""The long calls (train, generate, serve) and the one boundary every long loop crosses.
+"""The long calls (train, generate, serve) and the frame each runs in.
 
 Owns `long_call`, the frame of a call that streams and can be stopped (faults armed for
 it fire in it only; whatever the channel's sink still holds leaves before it returns or
-raises), and `Boundary`, what a loop does between two steps: its records go out (kept for
-the call's return when no driver listens), the ranks' stop agreement is read (a vote cast
-during the step just run, runtime.channel.cast_stop_vote, else one agreement now) and,
-when they go on, the faults armed for the next step fire (runtime.faults). A new loop
-crosses a Boundary; it never rolls its own. Also owns the bodies of train, generate and
+raises), which gives the call its Boundary (runtime.rank.boundary: what a loop does between
+two steps, declared below the loops that cross it), and the bodies of train, generate and
 serve, which runtime.api calls once it has checked the rank is ready.
 
 The train loop is the hot path (bench/bench_session.py times it against plain DDP): a
 boundary adds no collective of its own under DDP (the vote rides in the step's last
-gradient bucket, runtime.channel.ddp_vote_hook) and no per-step work beyond a few calls.
-Knows nothing of ipyparallel or of the client: what listens is runtime.channel's business.
+gradient bucket, runtime.rank.channel.ddp_vote_hook) and no per-step work beyond a few calls.
+Knows nothing of ipyparallel or of the client: what listens is runtime.rank.channel's business.
 """
 from __future__ import annotations
 
@@ -23,69 +20,16 @@ from typing import Any, Iterator
 from ..plan import MeshAxis
 from ..records import (DataSource, GenerateOptions, Generation, Request, ScratchLayout, ServeOptions, ServeResult,
                        StepRecord, TokenRecord)
-from . import channel, faults
-from . import dist as _dist
-
-class Boundary:
-    """One long call's crossing between steps, on one rank (long_call makes it)."""
-
-    def __init__(self, device: Any = "cpu"):
-        self.device = device
-        self.kept: list = []
-        """The records no driver took: the call returns them."""
-        self._vote: Any = None
-        self._cast = False
-
-    @property
-    def streaming(self) -> bool:
-        """Whether a driver listens (a record only it would read need not be built otherwise)."""
-        return channel.streaming()
-
-    def send(self, record: Any, keep: bool = True) -> None:
-        """Hand `record` to the driver now; when none listens, keep it for the call's return
-        (`keep=False`: drop it, for records that only matter live, such as streamed tokens)."""
-        if not channel.emit(record) and keep:
-            self.kept.append(record)
-
-    def cast(self) -> None:
-        """Cast this rank's stop vote without waiting for it; the next crossing reads it. A
-        training step calls this once its gradients are ready (train_step's after_backward)."""
-        self._vote, self._cast = channel.cast_stop_vote(self.device), True
-
-    def stop(self, finished: bool | None = None) -> bool:
-        """True on every rank when the ranks agree to stop here: the vote cast during the step
-        just run, else one agreement now (with `finished`: also when every rank has finished)."""
-        if self._cast:
-            vote, self._vote, self._cast = self._vote, None, False
-            return channel.read_stop_vote(vote)
-        return channel.agree_stop(self.device, finished)
-
-    def fire(self) -> None:
-        """Fire the faults armed for the step that starts, agreeing nothing: before a loop's
-        first step (generate), or in a loop that agrees on stopping its own way (serving)."""
-        faults.boundary()
-
-    def cross(self, *records: Any, finished: bool | None = None) -> bool:
-        """Between two steps: `records` out, the stop agreement read (see `stop`) and, when the
-        ranks go on, the faults armed for the next step fired. True: stop here."""
-        for record in records:
-            self.send(record)
-        if self.stop(finished):
-            return True
-        faults.boundary()
-        return False
-
-    def close(self) -> None:
-        """Complete a vote still in flight: every rank cast it, so every rank waits for it."""
-        if self._cast:
-            self.stop()
+from .groups import dist as _dist
+from .rank import channel, faults
+from .rank.boundary import Boundary
 
 
 @contextlib.contextmanager
 def long_call(device: Any = "cpu") -> Iterator[Boundary]:
     """Frame a call that streams and can be stopped, and give it its Boundary: faults armed
     for it fire in it only, a vote a communication hook carried before it is forgotten, an
-    NCCL error it raises marks the group failed (runtime.dist.note_failure), and whatever the
+    NCCL error it raises marks the group failed (runtime.groups.dist.note_failure), and whatever the
     channel's sink still holds leaves before the call returns or raises."""
     faults.call_started()
     channel.forget_carried()
@@ -107,8 +51,8 @@ def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None
           data: DataSource | None = None) -> list[StepRecord]:
     """Up to `steps` optimizer steps of the layout in `st` on `data`'s text (None: the
     synthetic task; see runtime.api.train); the records no channel took."""
-    from .data import reading
-    from .train import train_step
+    from .training.data import reading
+    from .training.train import train_step
 
     if snapshot_every and scratch is None:
         raise RuntimeError(f"rank {st.rank}: snapshots need a scratch directory")
@@ -121,7 +65,7 @@ def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None
                              after_backward=boundary.cast)
             st.step += 1
             if snapshot_every and st.step % snapshot_every == 0:
-                from .checkpoint import snapshot
+                from .checkpoints.checkpoint import snapshot
 
                 snapshot(par, st.optimizer, scratch.snapshots, st.step)
             boundary.send(rec)
@@ -130,7 +74,7 @@ def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None
 
 def generate(st, prompts: list[str], max_new_tokens: int, options: GenerateOptions) -> Generation:
     """This rank's share of `prompts` decoded under the layout in `st` (see runtime.api.generate)."""
-    from .generate import generate as _generate
+    from .inference.generate import generate as _generate
 
     par = st.parallel
     mine = list(range(par.data_index, len(prompts), par.data_count))
@@ -154,7 +98,7 @@ def generate(st, prompts: list[str], max_new_tokens: int, options: GenerateOptio
 
 def serve(st, requests: list[Request], options: ServeOptions) -> ServeResult:
     """This rank's part of a serving call under the layout in `st` (see runtime.api.serve)."""
-    from .serve import serve as _serve
+    from .inference.serve import serve as _serve
 
     with long_call(st.parallel.device) as boundary:
         return _serve(st.parallel, list(requests), rank=st.rank, engine=options.engine, reason=options.reason,

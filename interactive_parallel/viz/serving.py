@@ -3,7 +3,7 @@
 Owns the request timeline (each request a row: waiting from arrival to admission, prefill
 from admission to its first token, decode until it finished, a marker where it ended) and
 the per-request time to first token and time per output token. Knows nothing of how
-requests were scheduled (runtime/serve.py) or of torch, ipyparallel and widgets.
+requests were scheduled (runtime/inference/serve.py) or of torch, ipyparallel and widgets.
 """
 from __future__ import annotations
 

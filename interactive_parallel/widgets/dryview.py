@@ -2,15 +2,16 @@
 
 Owns the mesh figure of the plan being edited (`viz.mesh_figure`: every rank a cell coloured by
 its predicted memory, redrawn as the pickers change; for the applied plan, by what the ranks
-measured, with the links of their last step's collectives), the "dry run" switch that lets the plan's
-world exceed the live ranks, the Dry run button (`session.dry_run(plan)` for the loaded model,
-else `interactive_parallel.dry_run(model, plan)`: the runtime's own layout and training step
-on fake tensors in this process, no rank touched) and the DryRun it keeps. While the switch is
-on and a dry run of the edited model is kept, the mesh and the Views' memory, communication
-and layout figures draw its records, labelled "dry run". The plan and model being edited, and
-the parameter (and live shards) the Views' layout tab shows, come from getters it is given; a
-flipped switch or a new dry run is an event the panel routes. Knows nothing of how a dry run
-works (it holds what the call returned), nor of the sections around it.
+measured, with the links of their last step's collectives), the "dry run" switch that lets the
+plan's world exceed the live ranks, the Dry run button (`session.dry_run(plan)` for the loaded
+model, else `cluster.offline.dry_run(model, plan)`, which `interactive_parallel.dry_run` runs
+too: the runtime's own layout and training step on fake tensors in this process, no rank
+touched) and the DryRun it keeps. While the switch is on and a dry run of the edited model is
+kept, the mesh and the Views' memory, communication and layout figures draw its records,
+labelled "dry run". The plan and model being edited, and the parameter (and live shards) the
+Views' layout tab shows, come from getters it is given; a flipped switch or a new dry run is an
+event the panel routes. Knows nothing of how a dry run works (it holds what the call returned),
+nor of the sections around it.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import ipywidgets as W
 
 from .. import viz
+from ..cluster.offline import dry_run
 from ._common import Actions, SessionRef, button, css, figure_widget, refresh, row
 from .events import DryRunChanged, Emit
 from .render import esc, note
@@ -37,7 +39,7 @@ class DryView:
                  shown_layout: ShownLayout, emit: Emit):
         self.session, self.plan, self.model, self.shown_layout, self.emit = session, plan, model, shown_layout, emit
         self.result: Any = None
-        """The last DryRun (runtime.dryrun.DryRun), or None."""
+        """The last DryRun (runtime.client.dryrun.DryRun), or None."""
         self.switch = css(W.Checkbox(value=False, description="dry run", indent=False, layout=W.Layout(width="auto"),
                                      tooltip="lay the plan out on fake tensors in this process: its world may exceed "
                                              "the live ranks, and the figures draw the dry run's records"),
@@ -66,8 +68,6 @@ class DryView:
         if self.session.alive and s.spec is not None:
             self.result = s.dry_run(plan)
         else:
-            from .. import dry_run
-
             self.result = dry_run(self.model(), plan)
         self.status.value = note(describe(self.result))
         self.emit(DryRunChanged())

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import ipywidgets as W
 
+from ..cluster.offline import spec_of
 from ..plan import PRESETS, MeshAxis, Plan, PlanError, resolve_model, validate
 from ..plan.estimate import predict_memory
 from ..plan.models import CONFIGS
@@ -172,11 +173,7 @@ class PlanSection:
         if self.session.alive and s.spec is not None:
             return s.spec, f"{s.spec.name} (loaded)"
         try:
-            spec = resolve_model(self.model_choice())
-            if spec.needs_facts:  # derived from transformers here, in this kernel (torch loads once)
-                from ..runtime.families import with_facts
-
-                spec = with_facts(spec)
+            spec = spec_of(self.model_choice())  # facts derived here, in this kernel, when needed (torch loads once)
         except Exception as exc:  # noqa: BLE001 - shown as a problem, not raised
             return None, f"model: {exc}"
         return spec, f"{spec.name} (not loaded yet: click Load)"

@@ -1,1 +1,1 @@
-"""One parallelism per file, each exposing apply_<x>(model, mesh, ...); composed by runtime.parallelize."""
+"""One parallelism per file, each exposing apply_<x>(model, mesh, ...); composed by runtime.layout.parallelize."""

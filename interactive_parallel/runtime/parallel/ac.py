@@ -17,14 +17,6 @@ from torch import nn
 from ...plan.plan import RECOMPUTES
 
 
-def in_backward() -> bool:
-    """Whether autograd is running a backward now: a forward seen then is a recomputation (full or
-    selective), which hooks that count what a forward did must not count twice."""
-    import torch
-
-    return torch._C._current_graph_task_id() != -1
-
-
 def _save_list() -> set:
     import torch
 

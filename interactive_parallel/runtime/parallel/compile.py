@@ -7,7 +7,7 @@ each new shape, such as another sequence length, compiles once more, up to torch
 limit of 8). Blocks, not the whole model: every block has the same code and shapes, so one
 graph serves them all (dynamo takes a block's parameters as inputs; measured: one graph for
 small-llama's 8), and the embedding, head, loss and the wrappers around them (DDP, FSDP2's
-hooks, the pipeline schedule) stay eager. Applied in runtime.parallelize after TP, CP and
+hooks, the pipeline schedule) stay eager. Applied in runtime.layout.parallelize after TP, CP and
 activation recomputation and before FSDP/replicate, as torchtitan orders them: TP's DTensor
 parameters and collectives are traced into the block; FSDP2's hooks are skipped by dynamo
 (its `skip_fsdp_hooks`) and run eagerly around it.

@@ -1,19 +1,19 @@
 """Data parallel with replicated parameters: DDP for pure dp, FSDP2-style `replicate` in combinations.
 
 Owns wrapping a model so gradients are averaged over the mesh's data-parallel group.
-Knows nothing of how the batch is split (runtime.data does that) or of other axes.
+Knows nothing of how the batch is split (runtime.training.data does that) or of other axes.
 """
 from __future__ import annotations
 
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..channel import ddp_vote_hook
+from ..rank.channel import ddp_vote_hook
 
 
 def apply_dp(model: nn.Module, mesh, axis: str = "dp", device=None, comm_hook=None) -> nn.Module:
     """DDP over `mesh[axis]`. Gradients are all-reduced in buckets during backward, through
-    runtime.channel.ddp_vote_hook unless `comm_hook` replaces it (the dry run's, on a fake group).
+    runtime.rank.channel.ddp_vote_hook unless `comm_hook` replaces it (the dry run's, on a fake group).
 
     DDP over DataParallel: one process per replica (no GIL, no scatter of inputs and
     gather of outputs through one device each step), and the gradient all-reduce

@@ -16,7 +16,7 @@ that also keeps what it moved. Also owns:
   tokens this rank's tokens chose of every expert, the (token, slot) pairs each local
   expert processed, and those sent to and received from every ep peer.
 transformers' EP code is used as it is; only the counting is ours. One mode departs from it, for
-the dry run (runtime/dryrun.py, whose fake tensors hold no ids to count): with the counter's
+the dry run (runtime/client/dryrun.py, whose fake tensors hold no ids to count): with the counter's
 `uniform` set, routing is assumed uniform: the counts are the even split of the (token, slot)
 pairs computed from shapes (`spread`) and the all-to-alls are issued with those split sizes
 (the same three calls: counts, dispatch, combine). Knows nothing of the training loop, of
@@ -32,7 +32,7 @@ from torch import nn
 
 from ...plan import MeshAxis, ModelSpec, Plan, expert_coords, expert_groups, mesh_coords
 from ...records import ExpertRecord
-from ..mesh import cached
+from ..groups.mesh import cached
 
 IMPLEMENTATION = "interactive_parallel_counted"
 
@@ -61,7 +61,7 @@ class RoutingCounter:
     def counting() -> bool:
         """Not inside a backward pass: a recomputed forward (activation checkpointing) routes the
         same tokens again and is not counted twice."""
-        from .ac import in_backward
+        from ..model.recomputed import in_backward
 
         return not in_backward()
 

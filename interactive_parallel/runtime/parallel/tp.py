@@ -10,7 +10,7 @@ and rewriting the attention modules' head bookkeeping for the local shard
 (FamilyInfo.local_head_attrs). Under Plan.loss_parallel also the vocabulary ends
 (torchtitan's plan): the token embedding rowwise on the vocabulary (its output all-reduced,
 whole), the LM head colwise with its logits left split on the vocabulary as a DTensor for
-runtime.loss to take the cross-entropy on (a tied pair is one weight, split once: both
+runtime.model.loss to take the cross-entropy on (a tied pair is one weight, split once: both
 styles shard the [vocab, hidden] matrix on dim 0). Without it, both stay whole on every tp
 rank. Reads the family's facts, never its name; the model code is never edited. Knows
 nothing of other mesh axes or of how the model is trained.
@@ -281,7 +281,7 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     """
     from torch.distributed.tensor import DTensor
 
-    from .ac import in_backward
+    from ..model.recomputed import in_backward
 
     ids = set(layer_ids)
 

@@ -5,7 +5,7 @@ Owns what a timestamp of the comm ledger and of the compute intervals means:
   they are called, so that is when the work around it ran.
 - CUDA (`DeviceClock`): the host only queues kernels, so host time around a call is its
   launch. A mark is a timing event recorded on the current stream of the current device
-  (runtime.dist sets the rank's device); it resolves to when the device reached that point
+  (runtime.groups.dist sets the rank's device); it resolves to when the device reached that point
   of the stream. At the clock's start a reference event is recorded and waited for and the
   host time taken: a mark's host time is that time plus the device time from the reference
   to the mark. `settle()` waits for the last mark once; `resolve()` then waits only for marks

@@ -327,7 +327,7 @@ def _pending_id(t: torch.Tensor) -> int:
 
 
 def set_before(hook) -> None:
-    """`hook(op_kind) -> skip?` before every collective this process issues (runtime/faults.py)."""
+    """`hook(op_kind) -> skip?` before every collective this process issues (runtime/rank/faults.py)."""
     install()
     _BEFORE[:] = [hook] if hook is not None else []
 

@@ -50,7 +50,7 @@ def local(t: torch.Tensor) -> torch.Tensor:
 
 def storage_id(t: torch.Tensor) -> int:
     """Identity of the storage under `t`: its data pointer, except for the fake tensors of a dry
-    run (runtime.dryrun), whose pointers are all 0: there the storage object itself, which views
+    run (runtime.client.dryrun), whose pointers are all 0: there the storage object itself, which views
     share as they share data."""
     s = t.untyped_storage()
     return s._cdata if is_fake(t) else s.data_ptr()
