@@ -194,7 +194,7 @@ def test_device_clock_ends_an_op_at_its_wait(gloo, line, monkeypatch):
 
 @pytest.mark.pure
 def test_device_clock_takes_the_earliest_end_mark_and_a_batch_ends_with_its_work(line):
-    from interactive_parallel.runtime.probes.comms import Ledger
+    from interactive_parallel.runtime.probes.ledger import Ledger
 
     t = torch.ones(2)
     ledger = Ledger(0, 0, None, clock.DeviceClock(line.event))

@@ -238,7 +238,7 @@ def sync_expert_grads(params: list[nn.Parameter], group, data_ranks: int) -> Non
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     if group is not None:
-        from ..probes.comms import labelled
+        from ..probes.ledger import labelled
 
         with labelled("ep_replica"):
             dist.all_reduce(flat, group=group)

@@ -10,7 +10,7 @@ counted from 0 at its start), or inside the n-th collective that step issues. Ki
 - slow: the rank sleeps `seconds` and goes on (an imbalanced or throttled rank).
 A fault fires once and is then disarmed. Just before it acts, the rank sends the fault (its
 `time` set) through runtime.rank.channel, so the client can name it even when the rank dies.
-Collectives are seen through the comm ledger's dispatcher kernels (runtime/probes/comms.py),
+Collectives are seen through the comm probe's dispatcher kernels (runtime/probes/comms.py),
 which call `on_collective` before each op. A rank that skipped a collective is `tainted`:
 its shards may hold what its peers never agreed on, so it does not keep them for recovery.
 Knows nothing of who arms faults (the Session's `inject`) or of how errors travel.

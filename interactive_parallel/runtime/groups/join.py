@@ -1,0 +1,127 @@
+"""A rank's part in forming its process group, step by step as the client drives it.
+
+Owns the facts a rank reports before any group exists (identify: host, pid, cores, GPUs, the
+rank a launcher gave it; network: its addresses), its identity in the group (setup), rank 0's
+rendezvous socket, bound before the store takes it (master_endpoint, release_endpoint), joining
+(init_process_group) and leaving (teardown), the debug level of the groups made next
+(set_debug) and the wall clock the client measures offsets against. Each is one of
+runtime.api's entry points, named there with the rest, so the client asks a rank through one
+module. Knows nothing of models or layouts, nor of how the client orders the steps
+(cluster/rendezvous.py). Imports torch only inside functions.
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+from ...records import GroupMember, NetworkFacts, RankFacts, RankIdentity
+from ..rank import state as _state
+
+
+def identify() -> RankFacts:
+    """Facts the client needs to assign ranks, before any torch.distributed exists."""
+    from ..rank import warm
+
+    warm.wait()  # the first call: later ones find the imports done
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return RankFacts(host=socket.gethostname(), pid=os.getpid(), cores=cores,
+                     cuda=torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                     cuda_bad_fork=torch.cuda._is_in_bad_fork(), torch=_installed("torch"),
+                     launcher_rank=_launcher_rank())
+
+
+# Where each launcher writes a process's rank: Slurm's srun, Open MPI, MPICH / PMIx.
+LAUNCHER_RANK_VARS = ("SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+
+
+def _launcher_rank() -> int:
+    for name in LAUNCHER_RANK_VARS:
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return -1
+
+
+def _installed(dist: str) -> str:
+    """The installed distribution's version, as pip records it (a host's own install)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def setup(rank: int, world_size: int, local_rank: int, local_world_size: int,
+          threads: int | None = None, gpu: int = -1) -> RankIdentity:
+    from . import dist as _dist
+
+    return _dist.set_identity(rank, world_size, local_rank, local_world_size, threads, gpu)
+
+
+def network(interface: str) -> NetworkFacts:
+    """This rank's address on `interface` ("" when it has none) and the interfaces it does have:
+    the client checks every rank before any of them waits for a rendezvous."""
+    from . import net
+
+    table = net.ipv4_interfaces()
+    addrs = table.get(interface) or []
+    return NetworkFacts(host=socket.gethostname(), address=addrs[0] if addrs else "",
+                        interfaces=sorted(n for n, a in table.items() if a))
+
+
+def master_endpoint(interface: str | None = None, toward: str | None = None) -> tuple[str, int]:
+    """Rank 0's rendezvous (address, port): on `interface` when named, else on the interface
+    this host reaches `toward` (the controller) through, else loopback. The store's socket is
+    bound and listening from here on (no other process can take the port before the store
+    does); init_process_group hands it to the store."""
+    from . import net
+
+    release_endpoint()
+    sock = _state.get().store_listener = net.listener(net.rendezvous_address(interface, toward))
+    return sock.getsockname()[0], sock.getsockname()[1]
+
+
+def init_process_group(addr: str, port: int, device: str, timeout_s: float,
+                       interface: str | None = None) -> GroupMember:
+    """Join the group at addr:port: this rank's backend, device and the sockets it binds to."""
+    from . import dist as _dist
+
+    st = _state.get()
+    listen, st.store_listener = st.store_listener, None
+    return _dist.init(addr, port, device, timeout_s, interface=interface, listen=listen)
+
+
+def wall_clock() -> float:
+    """This host's time.time(), which every record's times are in (the client corrects them)."""
+    import time
+
+    return time.time()
+
+
+def teardown() -> bool:
+    from . import dist as _dist
+
+    release_endpoint()
+    _dist.teardown()
+    return True
+
+
+def release_endpoint() -> None:
+    """Close the store socket master_endpoint opened, if no store took it."""
+    st = _state.get()
+    sock, st.store_listener = st.store_listener, None
+    if sock is not None:
+        sock.close()
+
+
+def set_debug(flag: bool) -> bool:
+    """Before a fresh process group: TORCH_DISTRIBUTED_DEBUG=DETAIL (or OFF) for the groups made
+    next. The caller keeps the state with keep_local first and re-applies with
+    restore=RestoreSource.KEPT."""
+    import torch.distributed as tdist
+
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if flag else "OFF"
+    tdist.set_debug_level_from_env()
+    return flag
