@@ -12,9 +12,10 @@ import pytest
 
 from interactive_parallel import Plan
 from interactive_parallel.plan import PRESETS
-from interactive_parallel.plan.activations import (act_bytes, layer_parts, peak_parts, predict_activations,
-                                                   schedule_order, weight_elements)
+from interactive_parallel.plan.activation_peak import peak_parts, predict_activations
+from interactive_parallel.plan.activations import act_bytes, layer_parts, weight_elements
 from interactive_parallel.plan.estimate import predict_memory
+from interactive_parallel.plan.pipeline_order import schedule_order
 from conftest import parity_plan_params
 
 ACT_TOLERANCE = 0.10

@@ -1,4 +1,5 @@
-"""The activation model: the peak bytes one rank keeps for backward during a training step.
+"""The activation model, per forward: the bytes one forward of one micro-batch saves for backward
+on one rank, part by part.
 
 Owns the count, tensor by tensor, of what autograd saves in a decoder block, the embedding
 and the head of a transformers model as the runtime runs it, and how the plan scales it:
@@ -7,18 +8,14 @@ a sequence shard but gathers the whole sequence for the linears; context paralle
 sequence shard except the gathered K and V (and the causal mask of the rank's queries);
 bf16/fp16 autocast saves half-width copies of every linear's input (one per linear: the
 autocast cache only holds leaf tensors) and of every linear weight (one per step, FSDP's
-unsharded weights included), while norms, softmax statistics and the loss stay fp32;
-pipeline schedules keep several micro-batches in flight, counted by replaying the
-schedule's order of forwards and backwards (GPipe, 1F1B, Interleaved 1F1B as torch orders
-them; the zero-bubble ones, whose weight halves hold a graph a while longer, from
-plan.pipeline_order). Under recomputation (the plan's `recompute`) a block keeps its input ('full') or its
-input and its matmul, attention and collective outputs ('selective') until its backward,
-which first runs the block again: the peak comes either at the end of the forward or in the
-first block's backward, with that block's recomputed set live (and under a pipeline
-schedule, whose backwards run inside the step's autocast region, the weight copies the
-recomputation makes stay cached). What differs between families is data in
-plan.facts.FamilyInfo (norm_saves, mlp_saves, rotary_path, position_embedding_path, the
-tp_plan's colwise linears; a mixture-of-experts block, ExpertsInfo: see moe_saves).
+unsharded weights included), while norms, softmax statistics and the loss stay fp32. Under
+recomputation (the plan's `recompute`) a block keeps its input ('full') or its input and its
+matmul, attention and collective outputs ('selective') until its backward, which first runs
+the block again (kept_under_recompute, recomputed_in_backward). What differs between families
+is data in plan.facts.FamilyInfo (norm_saves, mlp_saves, rotary_path, position_embedding_path,
+the tp_plan's colwise linears; a mixture-of-experts block, ExpertsInfo: see moe_saves). When
+these sets are live at once, and so the step's peak (pipeline schedules keep several
+micro-batches in flight), is plan.activation_peak's.
 
 "Activations" means what the memory probe measures (runtime/probes/memory.py): on CPU the
 peak of live bytes saved for backward, parameters excluded, each storage counted once. So
@@ -32,7 +29,7 @@ those temporaries, which this model does not know.
 
 Not modelled: dropout with p > 0 (the presets and shipped configs train without it),
 attention implementations other than SDPA, and MLP nonlinearities other than the two
-families' (mlp_saves). Pure Python: knows no torch.
+families' (mlp_saves). Pure Python: knows no torch, nor any schedule's order.
 """
 from __future__ import annotations
 
@@ -41,7 +38,6 @@ from dataclasses import dataclass
 from .axes import MeshAxis, mesh_coords
 from .inventory import Memo, local_tensors, spec_key
 from .models import ModelSpec
-from .pipeline_order import zero_bubble_ops
 from .plan import Plan
 
 FP32, INT64 = 4, 8
@@ -348,132 +344,8 @@ def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
     return block.scaled(layers) + once_per_forward(spec, plan, rows, first=stage == 0, last=stage == total - 1)
 
 
-def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
-    """('F' | 'B', local stage index) in the order this pipeline rank runs them in one step.
-
-    GPipe: every forward, then every backward. 1F1B: min(microbatches, stages - stage)
-    forwards, then backward-forward pairs, then the remaining backwards. Interleaved 1F1B:
-    torch's order (depth first, warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
-    rank) forwards, then forward-backward pairs). Zero bubble (interleaved-zb, zbv, dualpipev):
-    'B' is the input half of a backward and 'W' its weight half (plan.pipeline_order).
-    """
-    if plan.zero_bubble:
-        return [(a, local) for a, local, _ in zero_bubble_ops(plan, pp_rank)]
-    m = plan.n_microbatches
-    if plan.pp_schedule == "gpipe":
-        return [("F", 0)] * m + [("B", 0)] * m
-    if plan.pp_schedule == "1f1b":
-        warm = min(m, plan.n_stages - pp_rank)
-        return [("F", 0)] * warm + [op for _ in range(m - warm) for op in (("B", 0), ("F", 0))] + [("B", 0)] * warm
-    v, pp = plan.virtual_stages, plan.pp
-    per_round = m // max(1, m // pp)
-    warm = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
-    total = m * v
-
-    def fwd(op: int) -> int:
-        return (op // per_round) % v
-
-    def bwd(op: int) -> int:
-        return v - 1 - ((op - warm) // per_round) % v
-
-    order: list[tuple[str, int]] = []
-    for op in range(total):
-        if op < warm:
-            order.append(("F", fwd(op)))
-        else:
-            order += [("F", fwd(op)), ("B", bwd(op))]
-    order += [("B", bwd(op)) for op in range(total, total + warm)]
-    return order
-
-
-def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
-    """(what the in-flight micro-batches hold at the step's peak, what is held once per step)."""
-    coords = mesh_coords(rank, plan.mesh_shape)
-    rows = micro_rows(plan)
-    extra = Parts() if plan.recompute == "none" else recomputed_in_backward(spec, plan, rows, rank)
-    if plan.pp == 1:
-        forward = stage_parts(spec, plan, 0, rows)
-        # Under recomputation the peak may come in the first block's backward: the head's
-        # tensors are freed by then, the block's recomputed set is live.
-        backward = forward + extra + Parts(head=-once_per_forward(spec, plan, rows, False, True).head)
-        return max(forward, backward, key=lambda p: p.total), once_per_step(spec, plan, rank)
-    stages = plan.stage_ids(coords[MeshAxis.PP])
-    parts = [stage_parts(spec, plan, s, rows) for s in stages]
-    # A schedule runs its backwards inside the step's one autocast region: the weight copies the
-    # recomputed blocks make come from (and stay in) its cache, all of them from the first backward.
-    cached = Parts()
-    if plan.recompute != "none" and act_bytes(plan) != FP32:
-        cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
-        extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
-    pp_rank = coords[MeshAxis.PP]
-    ops = zero_bubble_ops(plan, pp_rank) if plan.zero_bubble else \
-        [(a, local, False) for a, local in schedule_order(plan, pp_rank)]
-    return _replayed_peak(plan, stages, parts, ops, cached, extra), once_per_step(spec, plan, rank)
-
-
-def _replayed_peak(plan: Plan, stages: list[int], parts: list[Parts], ops: list, cached: Parts, extra: Parts) -> Parts:
-    """What this pipeline rank holds at its peak, the schedule's actions replayed in order:
-    `parts` per local stage and microbatch in flight, `cached` the autocast weight copies of the
-    first backward on, `extra` a block's recomputed set during a backward (peak_parts)."""
-    # Zero bubble: torch's input half ('B') keeps the graph (retain_graph) for the weight half
-    # ('W'), so a microbatch's saved tensors stay until its 'W'; on the last stage its blocks'
-    # stay until the step ends (the schedule keeps each microbatch's loss, and the graph with
-    # it). The first stage has no input grad: its whole backward runs at 'W'. A full backward
-    # (DualPipeV's unsplit halves) frees at 'B' as 1F1B's does. Measured on gloo: exact off
-    # the last stage, within 5% on it (tests/test_activations).
-    bodies = [p + Parts(head=-p.head) for p in parts]
-    best, after = Parts(), Parts()
-    held, waiting, kept = [0] * len(stages), [0] * len(stages), [0] * len(stages)
-
-    def live_now(state: tuple) -> Parts:
-        held_, waiting_, kept_, after_ = state
-        return sum((p.scaled(n + w) for p, n, w in zip(parts, held_, waiting_)), Parts()) + after_ + \
-            sum((b.scaled(k) for b, k in zip(bodies, kept_)), Parts())
-
-    # The live total kept as a number and the state at the peak remembered, so the Parts are summed
-    # once (a schedule of a thousand actions, on each of a search's candidates)
-    sizes, body_sizes, live = [p.total for p in parts], [b.total for b in bodies], 0
-    top, peak, at_backward = 0, None, None
-    for action, local, split in ops:
-        whole = plan.zero_bubble and stages[local] == 0  # its backward all runs at 'W'
-        if action == ("W" if whole else "B"):  # the microbatch's blocks run again while it is held
-            live += cached.total - after.total
-            after = cached
-            if live + extra.total - parts[local].head > top:
-                top, peak, at_backward = live + extra.total - parts[local].head, (held[:], waiting[:], kept[:], after), local
-        if action == "F":
-            held[local] += 1
-            live += sizes[local]
-        elif whole:
-            held[local] -= action == "W"
-            live -= sizes[local] * (action == "W")
-        elif action == "B":
-            held[local] -= 1
-            waiting[local] += split
-            live -= sizes[local] * (1 - split)
-        elif split:
-            waiting[local] -= 1
-            live -= sizes[local]
-            if stages[local] == plan.n_stages - 1:
-                kept[local] += 1
-                live += body_sizes[local]
-        if live > top:
-            top, peak, at_backward = live, (held[:], waiting[:], kept[:], after), None
-    if peak is not None:
-        best = live_now(peak)
-        if at_backward is not None:
-            best = best + extra + Parts(head=-parts[at_backward].head)
-    return best
-
-
 def extra_weights(spec: ModelSpec, plan: Plan, rank: int) -> int:
     """Bytes of one block's weight copies in recomputed_in_backward (under autocast)."""
     if act_bytes(plan) == FP32:
         return 0
     return weight_elements(spec, plan, rank, last=False) // max(1, _layers_held(spec, plan, rank)) * act_bytes(plan)
-
-
-def predict_activations(spec: ModelSpec, plan: Plan, rank: int) -> int:
-    """Peak bytes saved for backward on `rank` during one training step (see the module docstring)."""
-    parts, once = peak_parts(spec, plan, rank)
-    return parts.total + once

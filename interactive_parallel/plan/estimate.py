@@ -6,7 +6,7 @@ and the TP / PP / FSDP rules that cut it, re-exported here), and this module tur
 storage and traffic. FSDP pads parameter and gradient storage to the largest shard, AdamW
 moments are not padded. Optimizer: AdamW keeps 2 fp32 moments per element plus one 4-byte
 `step` per tensor. Parameters are fp32 under every precision (bf16 is autocast).
-Activations are plan.activations' model, re-exported here.
+Activations are plan.activations' model (its peak plan.activation_peak's), re-exported here.
 
 Pure Python: knows no torch. It does not know what the runtime actually allocates beyond
 these rules: the measured records (runtime/probes) are the truth, and tests hold these
@@ -15,7 +15,8 @@ numbers to them (exactly for params/grads/optimizer, within 10% for activations)
 from __future__ import annotations
 
 from ..records import CommEstimate, MemoryRecord
-from .activations import INT64, micro_rows, predict_activations
+from .activation_peak import predict_activations
+from .activations import INT64, micro_rows
 from .axes import MeshAxis, mesh_coords
 from .inventory import Memo, ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
@@ -63,7 +64,7 @@ def _units(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
 def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstimate]:
     """Bytes per optimizer step on `rank`, one CommEstimate per (op, axis).
 
-    Same convention as the comm ledger (runtime/probes/comms.py): an op's bytes are its full
+    Same convention as the comm ledger (runtime/probes/ledger.py): an op's bytes are its full
     buffer (all_gather output, reduce_scatter input). What the runtime does, per step:
     DDP (pure dp) all-reduces all gradients once (in buckets: count is None); FSDP2 gathers
     each unit (decoder layer, then the root) in forward and again in backward and

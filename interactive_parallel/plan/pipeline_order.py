@@ -1,16 +1,56 @@
-"""The order of a zero-bubble pipeline schedule on one rank, in plain Python.
+"""The order of a pipeline schedule on one rank, in plain Python: which action comes next.
 
-Owns torch's order of forwards, input halves and weight halves for InterleavedZeroBubble
+Owns torch's order of forwards and backwards for GPipe, 1F1B and Interleaved 1F1B
+(`schedule_order`), and of forwards, input halves and weight halves for InterleavedZeroBubble
 (_get_1f1b_rank_ops with enable_zero_bubble), ZBVZeroBubble and DualPipeV (its overlapped
-F/B as its two halves, forward first), written again from torch.distributed.pipelining.
-schedules (2.13): plan/ imports no torch, and the activation model (plan.activations)
-replays the order before any rank exists. The runtime runs torch's classes themselves;
-tests/test_activations.py holds this order to each class's own pipeline_order. Knows
-nothing of what a stage holds or of time: only which action comes next.
+F/B as its two halves, forward first: `zero_bubble_ops`), written again from
+torch.distributed.pipelining.schedules (2.13): plan/ imports no torch, and the activation
+model (plan.activation_peak) and the step-time model (plan.pipeline_time) replay the order
+before any rank exists. The runtime runs torch's classes themselves; tests/test_activations.py
+holds this order to each class's own pipeline_order. Knows nothing of what a stage holds or of
+time: only which action comes next.
 """
 from __future__ import annotations
 
 from .plan import Plan
+
+
+def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
+    """('F' | 'B', local stage index) in the order this pipeline rank runs them in one step.
+
+    GPipe: every forward, then every backward. 1F1B: min(microbatches, stages - stage)
+    forwards, then backward-forward pairs, then the remaining backwards. Interleaved 1F1B:
+    torch's order (depth first, warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
+    rank) forwards, then forward-backward pairs). Zero bubble (interleaved-zb, zbv, dualpipev):
+    'B' is the input half of a backward and 'W' its weight half (plan.pipeline_order).
+    """
+    if plan.zero_bubble:
+        return [(a, local) for a, local, _ in zero_bubble_ops(plan, pp_rank)]
+    m = plan.n_microbatches
+    if plan.pp_schedule == "gpipe":
+        return [("F", 0)] * m + [("B", 0)] * m
+    if plan.pp_schedule == "1f1b":
+        warm = min(m, plan.n_stages - pp_rank)
+        return [("F", 0)] * warm + [op for _ in range(m - warm) for op in (("B", 0), ("F", 0))] + [("B", 0)] * warm
+    v, pp = plan.virtual_stages, plan.pp
+    per_round = m // max(1, m // pp)
+    warm = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
+    total = m * v
+
+    def fwd(op: int) -> int:
+        return (op // per_round) % v
+
+    def bwd(op: int) -> int:
+        return v - 1 - ((op - warm) // per_round) % v
+
+    order: list[tuple[str, int]] = []
+    for op in range(total):
+        if op < warm:
+            order.append(("F", fwd(op)))
+        else:
+            order += [("F", fwd(op)), ("B", bwd(op))]
+    order += [("B", bwd(op)) for op in range(total, total + warm)]
+    return order
 
 
 def zero_bubble_ops(plan: Plan, pp_rank: int) -> list[tuple[str, int, bool]]:

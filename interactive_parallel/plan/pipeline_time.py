@@ -1,7 +1,7 @@
 """The pipeline's step in time: the schedule's order replayed with each action's duration.
 
 Owns the replay plan.steptime reads for the bubble: each pipeline rank runs its forwards,
-backwards and weight halves in the order plan.activations.schedule_order gives (torch's, and
+backwards and weight halves in the order plan.pipeline_order.schedule_order gives (torch's, and
 plan.pipeline_order's for the zero-bubble schedules), an action starting once its rank is free
 and its input has arrived from the neighbouring stage; on a CPU whose ranks share cores, the
 busy ranks compute faster while the others wait. Knows nothing of FLOPs, bytes or links: the
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..records import HardwareProfile
-from .activations import schedule_order
 from .inventory import Memo
+from .pipeline_order import schedule_order
 from .plan import Plan
 
 
