@@ -198,6 +198,20 @@ def test_every_remote_action_has_one_body_and_a_blocking_twin():
         assert twin.__doc__ and twin.__doc__ == vars(Session)[name].__doc__
 
 
+def test_the_sessions_parts_make_their_twins_the_same_way():
+    """Session's serving and planning calls live in mixins (cluster/session_*.py): each of their
+    coroutines has its blocking twin too, made by blocking_twins, reached through Session."""
+    parts = [c for c in Session.__mro__[1:] if c.__module__.startswith("interactive_parallel.")]
+    assert parts, "Session has no parts"
+    for part in parts:
+        for name, fn in vars(part).items():
+            if not (name.endswith("_async") and inspect.iscoroutinefunction(fn)):
+                continue
+            twin = getattr(Session, name[: -len("_async")])
+            assert getattr(twin, "__wrapped_async__", None) is fn, f"{part.__name__}.{twin.__name__} written by hand"
+            assert inspect.signature(twin) == inspect.signature(fn) and twin.__doc__ == fn.__doc__
+
+
 def test_a_twin_written_by_hand_is_refused():
     from interactive_parallel.cluster.twins import blocking_twins
 

@@ -1,27 +1,24 @@
 """Session: the client's handle on a pool of ranks, from a notebook, a script or the CLI.
 
-Owns the public surface and nothing behind it: a Session composes the rank set (engines,
-process group, calls: cluster/rankset.py), built with its recovery collaborator
-(cluster/recovery.py), the telemetry store (every record the ranks sent:
-cluster/telemetry.py) and the model operations (cluster/model_ops.py), and declares every
-attribute in one place. Each remote action is written once as a coroutine
-`name_async`; its blocking twin `name` (what workshops type) is made by `blocking_twins`.
-Bad input is refused before any rank is touched. Never imports torch or widgets: a kernel
-that only drives ranks stays light, and the panel is `interactive_parallel.panel(session)`.
+Owns the public surface and nothing behind it: a Session composes the rank set (engines, process
+group, calls: cluster/rankset.py), built with its recovery collaborator (cluster/recovery.py),
+the telemetry store (every record the ranks sent: cluster/telemetry.py) and the model operations
+(cluster/model_ops.py), and declares every attribute in one place; its serving calls
+(cluster/session_serving.py) and its planning calls (cluster/session_planning.py) are mixins
+that read those attributes (annotated there, assigned only here). Each remote action is written
+once as a coroutine `name_async`; its blocking twin `name` (what workshops type) is made by
+`blocking_twins`. Bad input is refused before any rank is touched. Never imports torch or
+widgets: a kernel that only drives ranks stays light, and the panel is
+`interactive_parallel.panel(session)`.
 """
 from __future__ import annotations
 
-import asyncio
 import atexit
 import weakref
-from typing import Any, AsyncIterator, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
-from ..plan.virtual import DryRun
-from ..records import (DecodeStep, FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, RequestRecord,
-                       ServeEngine, ServeOptions, ServePolicy, ServeResult, StepRecord, TokenRecord, VerifyReport)
-from ..records.hardware import HardwareProfile, StepPrediction
-from ..records.schedule import SchedulePreview
+from ..records import FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, StepRecord, TokenRecord, VerifyReport
 from .calibration import Planner
 from .checks import check_session_args
 from .clocks import CLOCK_COLUMNS
@@ -30,9 +27,10 @@ from .model_ops import SNAPSHOT_EVERY, ModelOps
 from .pool import AttachedPool, LocalPool, Pool
 from .rankset import RankSet
 from .recovery import ModelState, Recovery
-from .schedules import preview_schedule
 from .scratch import Scratch
-from .telemetry import MEMORY_COLUMNS, Telemetry
+from .session_planning import SessionPlanning
+from .session_serving import SessionServing
+from .telemetry import Telemetry
 from .twins import blocking_twins, run_sync
 
 _LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
@@ -40,7 +38,7 @@ _LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
 @blocking_twins
-class Session:
+class Session(SessionServing, SessionPlanning):
     """Ranks in an ipyparallel pool, each a torch.distributed process, driven from here.
 
     >>> with Session(ranks=4) as s:
@@ -274,69 +272,6 @@ class Session:
         options = GenerateOptions(do_sample=do_sample, temperature=temperature, top_k=top_k, seed=seed)
         return await self.model.generate(prompts, max_new_tokens, options, on_token)
 
-    async def serve_async(self, requests: Any, *, engine: ServeEngine | Literal["auto"] = "auto",
-                          policy: ServePolicy = "continuous",
-                          max_batch: int = 8, kv_tokens: int | None = None,
-                          on_token: Callable[[TokenRecord], None] | None = None,
-                          on_request: Callable[[RequestRecord], None] | None = None,
-                          on_step: Callable[[DecodeStep], None] | None = None) -> ServeResult:
-        """Serve `requests` (Request objects, dicts of their fields, or prompt strings) with
-        continuous batching in one call to the ranks: each arrives at its `arrival` second, joins
-        the running batch at the next step while fewer than `max_batch` run and the KV cache they
-        will need fits in `kv_tokens` (token slots per rank; None: no limit), and leaves when it
-        ends (end of sequence, max_new_tokens, a stop string). policy='static' forms a batch only
-        when the previous one has finished. engine: 'transformers' (its ContinuousBatchingManager),
-        'ours' (this package's scheduler over transformers' caches, under any plan) or 'auto'
-        (transformers' where it runs, see ServeResult.reason). Data-parallel replicas share the
-        requests out. Tokens, finished requests and steps reach the callbacks as they happen;
-        the ServeResult holds every request's record and every rank's steps."""
-        options = ServeOptions(engine=engine, policy=policy, max_batch=max_batch, kv_tokens=kv_tokens)
-        return await self.model.serve(requests, options, on_token, on_request, on_step)
-
-    async def serve_stream(self, requests: Any, **options: Any) -> AsyncIterator[TokenRecord | ServeResult]:
-        """serve_async as an async iterator: each TokenRecord as the ranks produce it, then the
-        ServeResult. `async for item in s.serve_stream(requests): ...`"""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        task = asyncio.ensure_future(self.serve_async(
-            requests, on_token=lambda rec: loop.call_soon_threadsafe(queue.put_nowait, rec), **options))
-        task.add_done_callback(lambda _t: loop.call_soon_threadsafe(queue.put_nowait, None))
-        while True:
-            item = await queue.get()
-            if item is None:
-                break
-            yield item
-        while not queue.empty():
-            item = queue.get_nowait()
-            if item is not None:
-                yield item
-        yield task.result()
-
-    async def quantize_async(self, scheme: str = "int8-weight-only") -> RecordList:
-        """Quantize the laid-out model's block linears with torchao ('int8-weight-only',
-        'int8-dynamic', 'int4-weight-only'); per rank, measured: parameter bytes before and
-        after, the full-precision bytes kept aside, greedy decoding tokens/s before and after
-        and the share of greedy tokens unchanged. Refused (naming the plan) where the layout
-        cannot hold it. Training, verify and save refuse a quantized model; apply and load
-        return to full precision (keep_quantization=True quantizes again)."""
-        return await self.model.quantize(scheme)
-
-    async def dequantize_async(self) -> None:
-        """Put the full-precision weights back (exactly those quantize kept)."""
-        await self.model.dequantize()
-
-    def decoding(self) -> RecordList:
-        """Every rank's DecodeSteps of the latest generate or serve call (no remote call)."""
-        return self.telemetry.decoding
-
-    def served(self) -> ServeResult | None:
-        """The latest serve call's result: its requests and steps (no remote call)."""
-        return self.telemetry.served
-
-    def quantized(self) -> RecordList:
-        """Per rank, what the latest quantize measured (empty: the model runs in full precision)."""
-        return self.telemetry.quantization
-
     async def verify_async(self) -> VerifyReport:
         """Loss and per-parameter gradient differences against one process holding the whole
         model, on the current weights and the current step's batch (of the text train(data=...)
@@ -405,76 +340,6 @@ class Session:
         """Per parameter and rank: placements, mesh coordinates, pipeline stage and the
         [start, stop) index ranges of the full tensor the rank holds."""
         return await self.model.layout()
-
-    def predict_memory(self, plan: Plan | None = None) -> RecordList:
-        """Predicted MemoryRecords per rank (step -1) for `plan` (default: the current one);
-        needs no rank to have run it."""
-        from ..plan.estimate import predict_memory
-
-        spec = self.model.require_model()
-        return RecordList(predict_memory(spec, plan or self.plan or self.model.default_plan()),
-                          columns=MEMORY_COLUMNS[:-1])
-
-    def predict_comms(self, plan: Plan | None = None) -> RecordList:
-        """Predicted bytes per step per (op, mesh axis) on rank 0 (plan/estimate)."""
-        from ..plan.estimate import predict_comms
-
-        spec = self.model.require_model()
-        return RecordList(predict_comms(spec, plan or self.plan or self.model.default_plan()))
-
-    def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
-        """The loaded model laid out under `plan` (default: the current one) over `world` virtual
-        ranks (default: the plan's, which may exceed this session's), in this process on fake
-        tensors: a DryRun with the records a live session of that size would hold (memory(),
-        comms(), layout()). Touches no rank; loads torch here on first use."""
-        from ..plan import check
-
-        spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
-        check(plan, plan.world_size if world is None else world, spec)  # before torch loads here
-        from ..runtime.client.dryrun import dry_run
-
-        return dry_run(spec, plan, world, **kwargs)
-
-    def preview_schedule(self, plan: Plan | None = None) -> SchedulePreview:
-        """torch's simulated order of `plan`'s pipeline schedule (default: the applied plan): F / I /
-        W / B and sends and receives per pipeline rank and slot, and each rank's simulated idle
-        share; viz.schedule_figure draws it beside a measured step. A bad plan is refused with
-        validate's messages; runs nothing on the ranks (loads torch here on first use)."""
-        return preview_schedule(plan or self.plan, self.spec)
-
-    async def calibrate_async(self, *, precisions: Sequence[str] | None = None, repeats: int = 5) -> HardwareProfile:
-        """Measure these ranks as a step uses them, every rank at once: matmuls at the loaded model's
-        shapes (tensor-parallel widths too) per precision, elementwise work forward and backward,
-        each collective on groups of every size and layout right after a compute burst, and how much
-        communication hides behind compute. Returns the HardwareProfile fitted to the slowest rank
-        (kept as `calibrated`: predict_step and search_plans read it). Needs a loaded model.
-        Train a few steps of the applied plan first (at least ANCHOR_STEPS after the first) and the
-        profile's fixed cost per step is taken from them (plan.calibration.anchor_step_overhead):
-        under DDP or replicate their wrapper's hooks, else the runtime loop's own."""
-        measured = self.telemetry.run_times(self.plan.describe()) if self.plan else []
-        return await self.planner.calibrate(self.ranks, self.spec, self.plan, measured=measured,
-                                            precisions=precisions, repeats=repeats)
-
-    def predict_step(self, plan: Plan | None = None, profile: str | HardwareProfile | None = None) -> StepPrediction:
-        """`plan`'s (default: the applied one) predicted step on `profile` (default: the calibrated
-        profile, else the shipped one of the device): seconds split into compute, communication and
-        bubble, tokens/s, MFU, peak memory; for the applied plan, the median step time measured so
-        far beside it (Telemetry.run_times: its latest run, the first step left out). Pure: touches
-        no rank."""
-        spec, plan = self.model.require_model(), plan or self.plan or self.model.default_plan()
-        measured = self.telemetry.run_times(plan.describe()) if plan == self.plan else []
-        return self.planner.predict(spec, plan, profile, self.device, measured)
-
-    def search_plans(self, profile: str | HardwareProfile | None = None, *, memory_per_rank: int | None = None,
-                     world: int | None = None, top: int | None = 20, **fixed: Any) -> RecordList:
-        """Every valid layout of the loaded model on `world` ranks (default: this session's) that fits
-        memory_per_rank bytes (default: the profile's), ranked by predicted tokens/s (plan.search):
-        StepPredictions whose plan_fields rebuild each Plan (Plan.from_dict) to apply or dry-run.
-        `fixed`: Plan fields held (batch_size and seq_len default to the session's plan's)."""
-        spec = self.model.require_model()
-        return self.planner.search(spec, world or self.world_size, profile, self.device,
-                                   self.plan or self.model.default_plan(), memory_per_rank=memory_per_rank, top=top,
-                                   **fixed)
 
     async def set_probes_async(self, flag: bool) -> None:
         """Per-step probes (memory, comm ledger, compute intervals) on (default) or off."""
