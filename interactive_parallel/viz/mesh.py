@@ -179,6 +179,36 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
     colour_by = measured or pred
     most = max((r.params + r.grads + r.optimizer + (r.activations or 0) for r in colour_by.values()), default=0)
     unit, unit_name = (1024 ** 3, "GiB") if most >= 1024 ** 3 else (1024 ** 2, "MiB")
+    z, text, hover = _cells(grid, unit, measured, pred, stages_held, experts_held, param, held)
+    fig = go.Figure(go.Heatmap(
+        z=z, text=text, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
+        texttemplate="%{text}" if grid.world <= TEXT_CELLS else None, textfont=dict(size=9),
+        colorscale=[[0, "#f7fbff"], [1, "#6baed6"]] if not experts_held else "Viridis",
+        showscale=bool(colour_by) and not experts_held, zmin=0,
+        colorbar=dict(title=unit_name + (" measured" if measured else " predicted" if pred else "")),
+        xgap=1, ygap=1))
+    links = comm_links(comms)  # streamed: a dry run's comms of 1,024 ranks need not be a list
+    only = None if grid.world <= ALL_LINKS else focus
+    _draw_links(fig, grid, links, only)
+    note = f"links: the groups of rank {focus}" if only is not None and links else ""
+    styled(fig, _title(title, grid, param, note), _axis_title(grid.col_axes), _axis_title(grid.row_axes),
+           above=TOP_AXIS_PX, hovermode="closest", plot_bgcolor="white", legend=dict(orientation="h", y=-0.08),
+           height=int(max(380, min(1200, 900 * grid.rows / grid.cols + 220))))
+    cols, rows = _ticks(grid, grid.col_axes), _ticks(grid, grid.row_axes)
+    fig.update_xaxes(showgrid=False, zeroline=False, side="top", range=[-0.5, grid.cols - 0.5],
+                     tickvals=list(range(0, grid.cols, _every(grid.cols))), ticktext=cols[::_every(grid.cols)])
+    fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed",
+                     tickvals=list(range(0, grid.rows, _every(grid.rows))), ticktext=rows[::_every(grid.rows)])
+    return fig
+
+
+def _cells(grid: MeshGrid, unit: int, measured: dict[int, MemoryRecord], pred: dict[int, MemoryRecord],
+           stages_held: dict, experts_held: dict, param: str | None,
+           held: dict[int, ShardRecord]) -> tuple[list[list], list[list[str]], list[list[str]]]:
+    """What each cell of the grid shows: (its colour value: memory in `unit`s, measured else
+    predicted, or the experts held; its text: rank, coordinates, stages or experts; its hover:
+    those, what it holds of `param`, and its predicted and measured memory)."""
+    colour_by = measured or pred
     z = [[None] * grid.cols for _ in range(grid.rows)]
     text = [[""] * grid.cols for _ in range(grid.rows)]
     hover = [[""] * grid.cols for _ in range(grid.rows)]
@@ -201,26 +231,7 @@ def mesh_figure(shape: Mapping[str, int] | Any, *, memory: Iterable[MemoryRecord
             lines.append(_holds(held.get(rank), param))
         lines += [s for s in (_mem(pred.get(rank), "predicted"), _mem(measured.get(rank), "measured")) if s]
         hover[row][col] = "<br>".join(lines)
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, customdata=hover, hovertemplate="%{customdata}<extra></extra>",
-        texttemplate="%{text}" if grid.world <= TEXT_CELLS else None, textfont=dict(size=9),
-        colorscale=[[0, "#f7fbff"], [1, "#6baed6"]] if not experts_held else "Viridis",
-        showscale=bool(colour_by) and not experts_held, zmin=0,
-        colorbar=dict(title=unit_name + (" measured" if measured else " predicted" if pred else "")),
-        xgap=1, ygap=1))
-    links = comm_links(comms)  # streamed: a dry run's comms of 1,024 ranks need not be a list
-    only = None if grid.world <= ALL_LINKS else focus
-    _draw_links(fig, grid, links, only)
-    note = f"links: the groups of rank {focus}" if only is not None and links else ""
-    styled(fig, _title(title, grid, param, note), _axis_title(grid.col_axes), _axis_title(grid.row_axes),
-           above=TOP_AXIS_PX, hovermode="closest", plot_bgcolor="white", legend=dict(orientation="h", y=-0.08),
-           height=int(max(380, min(1200, 900 * grid.rows / grid.cols + 220))))
-    cols, rows = _ticks(grid, grid.col_axes), _ticks(grid, grid.row_axes)
-    fig.update_xaxes(showgrid=False, zeroline=False, side="top", range=[-0.5, grid.cols - 0.5],
-                     tickvals=list(range(0, grid.cols, _every(grid.cols))), ticktext=cols[::_every(grid.cols)])
-    fig.update_yaxes(showgrid=False, zeroline=False, autorange="reversed",
-                     tickvals=list(range(0, grid.rows, _every(grid.rows))), ticktext=rows[::_every(grid.rows)])
-    return fig
+    return z, text, hover
 
 
 def _experts_held(shape: Any, world: int, num_experts: int) -> dict[int, tuple[int, str, str]]:

@@ -33,8 +33,8 @@ import plotly.graph_objects as go
 
 from .. import viz
 from ..cluster.errors import RankError
-from ..records import CommRecord, PipelineEvent
 from ..plan.estimate import predict_memory
+from ..records import CommRecord, PipelineEvent
 from ._common import Actions, SessionRef, button, css, describe_error, figure_widget, refresh, row
 from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
@@ -66,6 +66,27 @@ def dry_labelled(figure: go.Figure) -> go.Figure:
     return viz.add_to_title(figure, "(dry run)")
 
 
+def _empty_figures() -> dict[str, Any]:
+    """CSS class -> an empty FigureWidget, one per figure the views draw, in the order
+    ViewsSection names them."""
+    return {cls: figure_widget(figure, cls, height) for cls, figure, height in (
+        ("ip-loss-figure", viz.loss_figure(None), 360),
+        ("ip-memory-figure", viz.memory_figure(None), 360),
+        ("ip-comm-matrix-figure", viz.comm_matrix_figure(None), 320),
+        ("ip-comm-breakdown-figure", viz.comm_breakdown_figure(None), 320),
+        ("ip-timeline-figure", viz.timeline_figure(None), 360),
+        ("ip-sharding-figure", viz.sharding_figure(None), 420),
+        ("ip-pipeline-figure", viz.pipeline_figure(None), 360),
+        ("ip-tokens-per-step-figure", viz.tokens_per_step_figure(None), 300),
+        ("ip-kv-memory-figure", viz.kv_memory_figure(None), 300),
+        ("ip-step-split-figure", viz.step_split_figure(None), 360),
+        ("ip-request-timeline-figure", viz.request_timeline_figure(None), 380),
+        ("ip-latency-figure", viz.latency_figure(None), 300),
+        ("ip-quantization-figure", viz.quantization_figure(None), 340),
+        ("ip-expert-load-figure", viz.expert_load_figure(None), 320),
+        ("ip-tokens-moved-figure", viz.tokens_moved_figure(None), 320))}
+
+
 class ViewsSection:
     """The Tab of figures and the rules for when each is redrawn."""
 
@@ -77,22 +98,7 @@ class ViewsSection:
         """Held while a figure is redrawn: outside a kernel the job's steps arrive on its thread
         while a tab opens on this one, and two redraws of one figure at once would both add its traces."""
         self.live_interval = LIVE_INTERVAL_S
-        self.figures = {cls: figure_widget(figure, cls, height) for cls, figure, height in (
-            ("ip-loss-figure", viz.loss_figure(None), 360),
-            ("ip-memory-figure", viz.memory_figure(None), 360),
-            ("ip-comm-matrix-figure", viz.comm_matrix_figure(None), 320),
-            ("ip-comm-breakdown-figure", viz.comm_breakdown_figure(None), 320),
-            ("ip-timeline-figure", viz.timeline_figure(None), 360),
-            ("ip-sharding-figure", viz.sharding_figure(None), 420),
-            ("ip-pipeline-figure", viz.pipeline_figure(None), 360),
-            ("ip-tokens-per-step-figure", viz.tokens_per_step_figure(None), 300),
-            ("ip-kv-memory-figure", viz.kv_memory_figure(None), 300),
-            ("ip-step-split-figure", viz.step_split_figure(None), 360),
-            ("ip-request-timeline-figure", viz.request_timeline_figure(None), 380),
-            ("ip-latency-figure", viz.latency_figure(None), 300),
-            ("ip-quantization-figure", viz.quantization_figure(None), 340),
-            ("ip-expert-load-figure", viz.expert_load_figure(None), 320),
-            ("ip-tokens-moved-figure", viz.tokens_moved_figure(None), 320))}
+        self.figures = _empty_figures()
         """CSS class -> FigureWidget (the browser test finds them by it; widgets/fit.py sizes them by it)."""
         (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
          self.pipeline, self.tokens_per_step, self.kv_memory, self.step_split, self.request_timeline, self.latency,
