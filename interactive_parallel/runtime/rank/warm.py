@@ -2,7 +2,7 @@
 
 Owns the warm-up thread and the wait for it. transformers resolves its names lazily and
 that resolution is not thread-safe: the first real use must wait until the warm-up is
-done (runtime.api.identify does). Knows nothing else.
+done (runtime.groups.join.identify, the first call the client makes, waits). Knows nothing else.
 """
 from __future__ import annotations
 
