@@ -18,9 +18,12 @@ functions it ships.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 PUBLISH_S = 0.1  # live views redraw at most this often anyway
+HANDOVER_S = 10.0
+"""At most this long for the IOPub thread to hand a record over before a fault ends the process."""
 
 
 def install() -> bool:
@@ -34,12 +37,18 @@ def install() -> bool:
     seq = itertools.count()
     held: dict = {}
     sent = [0.0]  # when the last publish left
+    # publish_data queues the message for ipykernel's IOPub thread, which hands it to zmq
+    io = getattr(kernel.iopub_socket, "io_thread", kernel.iopub_socket)
 
-    def flush() -> None:
+    def flush(handed_over: bool = False) -> None:
         if held:
             publish_data(dict(held))
             held.clear()
             sent[0] = time.monotonic()
+        if handed_over and hasattr(io, "schedule"):
+            done = threading.Event()
+            io.schedule(done.set)  # the thread runs it after the sends queued before it
+            done.wait(HANDOVER_S)
 
     def sink(record) -> None:
         held[f"{next(seq):012d}"] = record

@@ -3,7 +3,8 @@ slurmctld on one host, slurmd on the others) and sshd on every host, for the lau
 workshop 09.
 
 Owns writing their configuration (in a work directory of the caller's, nothing under /etc but
-the hosts files netns writes), starting the daemons, waiting until they serve, and taking every
+the hosts files netns writes; Slurm's and munge's sockets in a short temporary directory, as a
+Unix socket's path may not pass 107 bytes and slurmd names one per job step), starting the daemons, waiting until they serve, and taking every
 trace of them away again: jobs cancelled, daemons stopped, generated keys and files removed.
 Slurm runs with what a one-machine site needs and no more: munge authentication on its own
 socket and key, no cgroup task containment (proctrack/linuxproc, task/none), no accounting.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import textwrap
 import time
 from dataclasses import dataclass, field
@@ -27,6 +29,10 @@ SLURM_TOOLS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "si
 SSH_TOOLS = ("sshd", "ssh", "scp", "ssh-keygen")
 MPI_TOOLS = ("mpiexec", "orted")
 READY_S = 60.0
+SOCKET_PATH_MAX = 107
+"""Bytes in a Unix socket's path (sun_path holds 108 with its terminating zero)."""
+STEP_SOCKET = "_4294967295.4294967291"
+"""The longest tail slurmd adds to a node's name for a step's socket: _<job id>.<step id>."""
 
 
 def missing_tools(kind: str) -> list[str]:
@@ -63,6 +69,8 @@ class SlurmSite:
     controller: int = 0
     cpus: int = 2
     procs: list[subprocess.Popen] = field(default_factory=list)
+    sockets: Path | None = None
+    """Where munge's socket and slurmd's spool (a socket per job step) live: made short by open()."""
 
     @property
     def conf(self) -> Path:
@@ -78,7 +86,7 @@ class SlurmSite:
         return [self.hosts.hostname(i) for i in self.nodes]
 
     def _munge(self) -> list[str]:
-        return [f"--socket={self.workdir / 'munge.socket'}", f"--key-file={self.workdir / 'munge.key'}",
+        return [f"--socket={self.sockets / 'munge.socket'}", f"--key-file={self.workdir / 'munge.key'}",
                 f"--pid-file={self.workdir / 'munged.pid'}", f"--log-file={self.workdir / 'munged.log'}",
                 f"--seed-file={self.workdir / 'munged.seed'}"]
 
@@ -93,9 +101,9 @@ class SlurmSite:
             SlurmdUser=root
             AuthType=auth/munge
             CredType=cred/munge
-            AuthInfo=socket={w / 'munge.socket'}
+            AuthInfo=socket={self.sockets / 'munge.socket'}
             StateSaveLocation={w / 'state'}
-            SlurmdSpoolDir={w}/spool-%n
+            SlurmdSpoolDir={self.sockets}/spool-%n
             SlurmctldPidFile={w / 'slurmctld.pid'}
             SlurmdPidFile={w}/slurmd-%n.pid
             SlurmctldLogFile={w / 'slurmctld.log'}
@@ -116,10 +124,16 @@ class SlurmSite:
     def open(self) -> "SlurmSite":
         """Write the configuration, start munged, slurmctld and the slurmds; return once every
         node is idle (TimeoutError naming the nodes that are not, with the daemons' log tails)."""
+        self.sockets = Path(tempfile.mkdtemp(prefix="ip-slurm-"))
+        longest = max(len(f"{self.sockets}/spool-{n}/{n}{STEP_SOCKET}") for n in self.node_names)
+        if longest > SOCKET_PATH_MAX:
+            shutil.rmtree(self.sockets)
+            raise ValueError(f"slurmd's step sockets under {self.sockets} would be {longest} bytes long, over "
+                             f"a Unix socket's {SOCKET_PATH_MAX}: set TMPDIR to a shorter directory")
         self.workdir.mkdir(parents=True, exist_ok=True)
         (self.workdir / "state").mkdir(exist_ok=True)
         for name in self.node_names:
-            (self.workdir / f"spool-{name}").mkdir(exist_ok=True)
+            (self.sockets / f"spool-{name}").mkdir(exist_ok=True)
         try:
             key = self.workdir / "munge.key"
             _run(["mungekey", "--create", f"--keyfile={key}", "--force"]).check_returncode()
@@ -177,8 +191,10 @@ class SlurmSite:
             _run(self.command(["scancel", "--full", "--user=root"]), env=self.env, timeout=15)
         _stop(self.procs)
         if (self.workdir / "munged.pid").exists():
-            _run(["munged", f"--socket={self.workdir / 'munge.socket'}", "--stop"], timeout=15)
+            _run(["munged", f"--socket={self.sockets / 'munge.socket'}", "--stop"], timeout=15)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.sockets is not None:
+            shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @dataclass

@@ -27,7 +27,7 @@ _CARRIED: list[bool | None] = [None]  # a vote some step's own collective carrie
 _SEEN = [False]  # the stop source's latest answer on the main thread
 
 
-def set_sink(fn: Callable[[Any], None] | None, flush: Callable[[], None] | None = None) -> None:
+def set_sink(fn: Callable[[Any], None] | None, flush: Callable[[bool], None] | None = None) -> None:
     _SINK[0], _FLUSH[0] = fn, flush
 
 
@@ -48,11 +48,13 @@ def emit(record: Any) -> bool:
     return True
 
 
-def flush() -> None:
-    """Send whatever the sink still holds (a no-op for sinks that hold nothing)."""
+def flush(handed_over: bool = False) -> None:
+    """Send whatever the sink still holds (a no-op for sinks that hold nothing). handed_over:
+    also wait until the sink's own sending thread has passed it to the transport, for a record
+    the process may not outlive (a fault about to kill it): one still queued here dies with it."""
     fn = _FLUSH[0]
     if fn is not None:
-        fn()
+        fn(handed_over)
 
 
 def stop_requested() -> bool:

@@ -30,7 +30,7 @@ PLACES = typing.get_args(FaultPlace)
 HANG_S = 24 * 3600.0
 """A hang lasts until the rank is killed (the Session replaces a rank still stuck after a timeout)."""
 FLUSH_S = 0.05
-"""Before a kill: time for the fault's record to leave the process (ipyparallel sends it from a thread)."""
+"""Before a kill, once the record is handed to the transport: time for zmq's I/O thread to write it."""
 
 
 class InjectedFault(RuntimeError):
@@ -118,12 +118,14 @@ def _promote(f: FaultSpec) -> None:
 def _announce(f: FaultSpec, where: str) -> None:
     """Tell the driver which fault fires, and when, before it acts. Before a fault that may
     end the process (a kill; a skipped collective, after which gloo may abort on the next
-    mismatched one), give the record time to leave it."""
+    mismatched one), wait until the record has left this process's queues, then give the
+    transport's own thread a moment (a loaded machine delays the first; a fixed sleep lost it)."""
     from . import channel
 
     if channel.emit(dataclasses.replace(f, time=time.time(), detail=f"at step {f.at_step}{where}")):
-        channel.flush()  # with the records before it: a hang or a kill would keep them back
-        if f.fault in ("kill", "skip_collective"):
+        ending = f.fault in ("kill", "skip_collective")
+        channel.flush(handed_over=ending)  # with the records before it: a hang or a kill would keep them back
+        if ending:
             time.sleep(FLUSH_S)
 
 
