@@ -111,8 +111,9 @@ def test_tp_style_records():
         assert not (s.gathers_output and s.shards != "output") and not (s.slices_input and s.shards != "input")
         assert not (s.packed and s.gathers_output), "a regrouped projection leaves its heads split"
     # what the collectives follow from, and the dims an (out, in) and an (in, out) weight split on
-    assert TP_STYLES["colwise"].forward_collectives == () and TP_STYLES["colwise"].backward_collectives == ("all_reduce",)
-    assert TP_STYLES["rowwise"].forward_collectives == ("all_reduce",) and TP_STYLES["rowwise"].backward_collectives == ()
+    colwise, rowwise = TP_STYLES["colwise"], TP_STYLES["rowwise"]
+    assert colwise.forward_collectives == () and colwise.backward_collectives == ("all_reduce",)
+    assert rowwise.forward_collectives == ("all_reduce",) and rowwise.backward_collectives == ()
     assert TP_STYLES["colwise_gather_output"].forward_collectives == ("all_gather",)
     assert TP_STYLES["rowwise_split_input"].backward_collectives == ("all_gather",)
     assert [TP_STYLES["colwise"].weight_dim(t) for t in (False, True)] == [0, 1]

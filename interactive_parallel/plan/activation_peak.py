@@ -2,15 +2,15 @@
 once on a rank during a training step, and the bytes held then.
 
 Owns replaying the step. Without a pipeline the peak comes at the end of the forward or, under
-recomputation, in the first block's backward, with that block's recomputed set live and the
-head's tensors freed. Under a pipeline schedule, several micro-batches are in flight: the
-schedule's order of forwards, backwards and weight halves (Plan.pipeline_ops: its record's builder
-in plan.pipeline_order, GPipe, 1F1B and Interleaved 1F1B as torch orders them, and the zero-bubble
-ones, whose input halves keep a micro-batch's graph until its weight half) is replayed action by action, with the autocast
-weight copies a recomputing backward makes cached from the first backward on (a schedule runs
-its backwards inside the step's autocast region). `predict_activations(spec, plan, rank)` is
-the model's answer (plan.estimate reads it). Knows nothing of what a forward saves beyond the
-Parts plan.activations gives, nor of torch.
+recomputation, in the first block's backward, with that block's recomputed set live and the head's
+tensors freed. Under a pipeline schedule, several micro-batches are in flight: the schedule's order
+of forwards, backwards and weight halves (Plan.pipeline_ops: its record's builder in
+plan.pipeline_order, GPipe, 1F1B and Interleaved 1F1B as torch orders them, and the zero-bubble
+ones, whose input halves keep a micro-batch's graph until its weight half) is replayed action by
+action, with the autocast weight copies a recomputing backward makes cached from the first backward
+on (a schedule runs its backwards inside the step's autocast region). `predict_activations(spec,
+plan, rank)` is the model's answer (plan.estimate reads it). Knows nothing of what a forward saves
+beyond the Parts plan.activations gives, nor of torch.
 """
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
 """The parameter inventory: every tensor a model trains and the part of it each rank holds.
 
 Owns the names, shapes and TP dims of a model's parameters, read from the family's entry in
-plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays
-them out: TP shards the linears of the family's tp_plan as each style's record says
-(plan.tp_styles: colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1);
-rowwise: Linear weight Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms, embeddings and the LM head, except
-under Plan.loss_parallel, which splits the token embedding and the LM head on the vocabulary
-(dim 0 of both; a tied pair is one tensor, split once); PP
-gives each rank its stages (loop order) plus embeddings (first stage) and norm/head (last
-stage; a tied head is the embedding, held by both); FSDP2 shards dim 0 of each (TP-local)
-tensor with torch.chunk sizes and pads every shard to the largest one. A mixture-of-experts
-block's stacked expert weights ([experts, ...], the family's ExpertsInfo) stay whole under tp;
-under ep each rank holds its num_experts / ep of them, kept out of FSDP (runtime.parallel.ep);
-with ep = 1 they are ordinary parameters, FSDP shards their dim 0 (the experts) like any other.
+plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays them
+out: TP shards the linears of the family's tp_plan as each style's record says (plan.tp_styles:
+colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight
+Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms, embeddings and the LM
+head, except under Plan.loss_parallel, which splits the token embedding and the LM head on the
+vocabulary (dim 0 of both; a tied pair is one tensor, split once); PP gives each rank its stages
+(loop order) plus embeddings (first stage) and norm/head (last stage; a tied head is the embedding,
+held by both); FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every
+shard to the largest one. A mixture-of-experts block's stacked expert weights ([experts, ...], the
+family's ExpertsInfo) stay whole under tp; under ep each rank holds its num_experts / ep of them,
+kept out of FSDP (runtime.parallel.ep); with ep = 1 they are ordinary parameters, FSDP shards their
+dim 0 (the experts) like any other.
 
 The memory model (plan.estimate), the activation model (plan.activations) and the rank
 classes of the dry run (plan.virtual) all read it. Pure Python: knows no torch, and nothing

@@ -4,12 +4,12 @@ meta device, with no numerical check.
 Owns `derive_unchecked(config, name) -> FamilyInfo` and what it reads: the config's
 `base_model_tp_plan` (kept as transformers names the styles, aliases folded, refused where
 plan.tp_styles has no record of a style or its record says a config may not name it),
-`base_model_pp_plan` (what runs before, around and after the block list) and
-`base_model_ep_plan` (the stacked experts of a mixture of experts, each style's facts its record's
-in plan.ep_styles), and of the meta model the module paths, every block linear's shape and
-bias, the norms and what else a block holds, the LM head, the rotary table and how a block hands
-attention its input (read from the block's own source); also building a config and its model on the meta device, and one forward
-there that checks every shape (`forward_on_meta`). Refusals are UnknownModelError. Knows
+`base_model_pp_plan` (what runs before, around and after the block list) and `base_model_ep_plan`
+(the stacked experts of a mixture of experts, each style's facts its record's in plan.ep_styles),
+and of the meta model the module paths, every block linear's shape and bias, the norms and what
+else a block holds, the LM head, the rotary table and how a block hands attention its input (read
+from the block's own source); also building a config and its model on the meta device, and one
+forward there that checks every shape (`forward_on_meta`). Refusals are UnknownModelError. Knows
 nothing of the small copy that checks these facts numerically (runtime.model.family_check), of
 caching, or of plans, meshes and ranks. Imports torch and transformers only inside functions.
 """
