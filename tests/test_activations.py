@@ -15,7 +15,7 @@ from interactive_parallel.plan import PRESETS
 from interactive_parallel.plan.activation_peak import peak_parts, predict_activations
 from interactive_parallel.plan.activations import act_bytes, layer_parts, weight_elements
 from interactive_parallel.plan.estimate import predict_memory
-from interactive_parallel.plan.pipeline_order import schedule_order
+from interactive_parallel.plan.plan import schedule_order
 from conftest import parity_plan_params
 
 ACT_TOLERANCE = 0.10
@@ -123,9 +123,7 @@ def _torch_order(plan: Plan, rank: int) -> list[tuple[str, int]]:
     schedule_order spells it: I -> 'B', a full backward -> 'B', 'W'; overlapped F/B -> its halves."""
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-    from interactive_parallel.plan.plan import TORCH_SCHEDULES
-
-    ops = get_schedule_ops(TORCH_SCHEDULES[plan.pp_schedule], plan.pp, plan.n_microbatches, plan.stages_per_rank)
+    ops = get_schedule_ops(plan.schedule.torch_name, plan.pp, plan.n_microbatches, plan.stages_per_rank)
     local = {s: i for i, s in enumerate(plan.stage_ids(rank))}
     spelled = {"F": ["F"], "I": ["B"], "W": ["W"], "B": ["B", "W"]}
     out = []

@@ -2,15 +2,15 @@
 once on a rank during a training step, and the bytes held then.
 
 Owns replaying the step. Without a pipeline the peak comes at the end of the forward or, under
-recomputation, in the first block's backward, with that block's recomputed set live and the
-head's tensors freed. Under a pipeline schedule, several micro-batches are in flight: the
-schedule's order of forwards, backwards and weight halves (plan.pipeline_order: GPipe, 1F1B,
-Interleaved 1F1B as torch orders them, and the zero-bubble ones, whose input halves keep a
-micro-batch's graph until its weight half) is replayed action by action, with the autocast
-weight copies a recomputing backward makes cached from the first backward on (a schedule runs
-its backwards inside the step's autocast region). `predict_activations(spec, plan, rank)` is
-the model's answer (plan.estimate reads it). Knows nothing of what a forward saves beyond the
-Parts plan.activations gives, nor of torch.
+recomputation, in the first block's backward, with that block's recomputed set live and the head's
+tensors freed. Under a pipeline schedule, several micro-batches are in flight: the schedule's order
+of forwards, backwards and weight halves (Plan.pipeline_ops: its record's builder in
+plan.pipeline_order, GPipe, 1F1B and Interleaved 1F1B as torch orders them, and the zero-bubble
+ones, whose input halves keep a micro-batch's graph until its weight half) is replayed action by
+action, with the autocast weight copies a recomputing backward makes cached from the first backward
+on (a schedule runs its backwards inside the step's autocast region). `predict_activations(spec,
+plan, rank)` is the model's answer (plan.estimate reads it). Knows nothing of what a forward saves
+beyond the Parts plan.activations gives, nor of torch.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from .activations import (FP32, Parts, act_bytes, extra_weights, micro_rows, onc
                           recomputed_in_backward, stage_parts, weight_elements)
 from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
-from .pipeline_order import schedule_order, zero_bubble_ops
 from .plan import Plan
 
 
@@ -41,9 +40,7 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     if plan.recompute != "none" and act_bytes(plan) != FP32:
         cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
         extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
-    pp_rank = coords[MeshAxis.PP]
-    ops = zero_bubble_ops(plan, pp_rank) if plan.zero_bubble else \
-        [(a, local, False) for a, local in schedule_order(plan, pp_rank)]
+    ops = plan.pipeline_ops(coords[MeshAxis.PP])
     return _replayed_peak(plan, stages, parts, ops, cached, extra), once_per_step(spec, plan, rank)
 
 

@@ -58,8 +58,8 @@ def micro_rows(plan: Plan) -> int:
 def _colwise(spec: ModelSpec, module: str) -> int:
     """How many input linears (colwise in the TP plan) read a block module's input."""
     prefix = f"{module}."
-    return sum(1 for path, style in spec.family_info.block_tp_styles().items()
-               if path.startswith(prefix) and style.startswith("colwise"))
+    return sum(1 for path, style in spec.family_info.block_tp_records().items()
+               if path.startswith(prefix) and style.shards == "output")
 
 
 @dataclass(frozen=True)
@@ -170,8 +170,8 @@ def moe_saves(spec: ModelSpec, plan: Plan, tokens: int) -> int:
 
 def _split(spec: ModelSpec, plan: Plan, module: str) -> int:
     """tp, or 1 when an input linear of `module` gathers its output whole again."""
-    styles = spec.family_info.block_tp_styles()
-    gathered = any(st == "colwise_gather_output" for path, st in styles.items() if path.startswith(f"{module}."))
+    styles = spec.family_info.block_tp_records()
+    gathered = any(st.gathers_output for path, st in styles.items() if path.startswith(f"{module}."))
     return 1 if gathered else plan.tp
 
 
@@ -181,11 +181,12 @@ def _fused_view(spec: ModelSpec) -> int:
     stays alive where a v of its own would hold kv. GPT-2's regrouped c_attn (colwise_fused_qkv)
     is counted by its hand-tuned entry."""
     fam = spec.family_info
-    styles = fam.block_tp_styles()
+    styles = fam.block_tp_records()
     fused = spec.width("q") + 2 * spec.width("kv")
     for path, lin in fam.linears.items():
+        style = styles.get(path)
         if (path.startswith(f"{fam.attention_path}.") and spec.width(lin.out_width) == fused
-                and styles.get(path) in (None, "colwise_gather_output")):
+                and (style is None or style.gathers_output)):
             return spec.width("q") + spec.width("kv")
     return 0
 
@@ -212,11 +213,12 @@ def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_onl
     """Output elements per token of the block's linears on this rank (of those under `module`;
     of the input linears only): colwise ones split over tp, rowwise ones whole."""
     fam, tp = spec.family_info, plan.tp
-    styles = fam.block_tp_styles()
+    styles = fam.block_tp_records()
     out = 0
     for path, lin in fam.linears.items():
-        colwise = styles.get(path, "").startswith("colwise")
-        split = colwise and styles[path] != "colwise_gather_output"  # a gathered output is whole again
+        style = styles.get(path)
+        colwise = style is not None and style.shards == "output"
+        split = style is not None and style.splits_output  # a gathered output is whole again
         if (module is None or path.startswith(f"{module}.")) and (colwise or not colwise_only):
             width = spec.width(lin.out_width)
             out += width // tp if split else width
@@ -235,7 +237,7 @@ def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     stream = stream_tokens(plan, tokens)
     kept = Parts(linear_inputs=stream * h * FP32)
     if plan.recompute == "selective":
-        rowwise = sum(1 for st in spec.family_info.block_tp_styles().values() if st.startswith("rowwise"))
+        rowwise = sum(1 for st in spec.family_info.block_tp_records().values() if st.reduces_output)
         reduced = rowwise * h * stream if tp > 1 else 0  # after the all-reduce (SP: reduce-scatter)
         # SP's all-gathers of the attention's and the MLP's input (the fp32 norm outputs) are
         # collectives too: their whole-sequence outputs are kept.

@@ -21,6 +21,7 @@ from .axes import MeshAxis, mesh_coords
 from .inventory import Memo, ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
 from .plan import Plan
+from .tp_styles import tp_style
 
 __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "predict_activations",
            "predict_memory", "predict_comms"]
@@ -123,9 +124,9 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     of each colwise linear's input gradient (backward), per microbatch; loss parallel's two."""
     if plan.tp == 1:
         return []
-    styles = list(spec.family_info.tp_plan.values())
-    rowwise = sum(1 for s in styles if s.startswith("rowwise"))
-    per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.startswith("colwise"))
+    styles = [tp_style(s) for s in spec.family_info.tp_plan.values()]
+    rowwise = sum(1 for s in styles if s.reduces_output)
+    per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.reduces_input_grad)
     # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
     # colwise head's input gradient (backward, last stage), once per microbatch. (torch's
     # loss_parallel also all-reduces a [tokens] max and sum, through functional collectives

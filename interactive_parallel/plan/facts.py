@@ -1,32 +1,18 @@
 """A model family's facts: everything that differs between transformers model families, as data.
 
 Owns `FamilyInfo` and its parts (`Linear`, a block linear's shape; `ExpertsInfo`, a mixture of
-experts' router and stacked experts), the TP style names a family's plan may use (TP_STYLES,
-transformers' own names), and FAMILIES: the families held by hand (Llama, for the torch-free
-tiers, and GPT-2, whose config ships no TP plan); every other family's facts are derived from
-transformers by runtime.model.families and carried in its spec (plan.models.ModelSpec.facts). Pure
+experts' router and stacked experts) and FAMILIES: the families held by hand (Llama, for the
+torch-free tiers, and GPT-2, whose config ships no TP plan); every other family's facts are derived
+from transformers by runtime.model.families and carried in its spec (plan.models.ModelSpec.facts). Pure
 Python: knows nothing of torch or transformers objects; the runtime and the estimator interpret
-these facts, the model code is never edited.
+these facts, the model code is never edited. What a TP style does is its record's
+(plan.tp_styles); a family names its styles only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-TP_STYLES: dict[str, str] = {
-    "colwise": "output features split over tp; the input arrives whole, the output leaves sharded",
-    "rowwise": "input features split over tp; the partial outputs are all-reduced, the bias is replicated",
-    "colwise_fused_qkv": "colwise on a fused [q | k | v] projection whose output features are regrouped "
-                         "per head first, so each tp rank holds the q, k and v of its own heads",
-    "colwise_gather_output": "colwise, its output gathered whole again (a fused projection the model splits "
-                             "by global widths, or one a full-width norm follows)",
-    "rowwise_split_input": "rowwise on an input that arrives whole: each rank takes its own slice of it",
-    "replicated_with_grad_allreduce": "a norm between a colwise and a rowwise linear, normalizing each head "
-                                      "on its own: its weight whole on every rank, its gradient summed over tp",
-}
-"""The TP style names a family's tp_plan may use, and what each does to a linear. The names
-are transformers' own (`base_model_tp_plan`), but for GPT-2's hand-written fused one."""
-TP_ALIASES = {"colwise_rep": "colwise_gather_output", "rowwise_rep": "rowwise_split_input"}
-"""transformers' other names for the same styles."""
+from .tp_styles import TpStyle, tp_style
 
 
 @dataclass(frozen=True)
@@ -122,7 +108,7 @@ class FamilyInfo:
     """Attention attributes that hold global widths or head counts in its forward; TP divides
     them by tp. (Llama reshapes with -1 and needs none; GPT-2 splits c_attn by split_size.)"""
     tp_plan: dict[str, str] = field(default_factory=dict)
-    """Model level path pattern ('*' = any block index) -> TP style (a TP_STYLES name)."""
+    """Model level path pattern ('*' = any block index) -> TP style (a plan.tp_styles.TP_STYLES name)."""
     tied_by_default: bool = False
     """Embedding and LM head share one weight unless the config says tie_word_embeddings."""
     scaled_init: tuple[str, ...] = ()
@@ -166,6 +152,10 @@ class FamilyInfo:
         """Block level path -> TP style, from tp_plan's model level patterns."""
         prefix = f"{self.layers_path}.*."
         return {pattern[len(prefix):]: style for pattern, style in self.tp_plan.items()}
+
+    def block_tp_records(self) -> dict[str, TpStyle]:
+        """Block level path -> the record of its TP style (plan.tp_styles; ValueError for a name no record has)."""
+        return {path: tp_style(style) for path, style in self.block_tp_styles().items()}
 
 
 FAMILIES: dict[str, FamilyInfo] = {

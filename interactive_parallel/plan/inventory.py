@@ -1,18 +1,18 @@
 """The parameter inventory: every tensor a model trains and the part of it each rank holds.
 
 Owns the names, shapes and TP dims of a model's parameters, read from the family's entry in
-plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays
-them out: TP shards the linears of the family's tp_plan (colwise: Linear weight/bias
-Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight Shard(1), Conv1D
-weight Shard(0), bias replicated) and replicates norms, embeddings and the LM head, except
-under Plan.loss_parallel, which splits the token embedding and the LM head on the vocabulary
-(dim 0 of both; a tied pair is one tensor, split once); PP
-gives each rank its stages (loop order) plus embeddings (first stage) and norm/head (last
-stage; a tied head is the embedding, held by both); FSDP2 shards dim 0 of each (TP-local)
-tensor with torch.chunk sizes and pads every shard to the largest one. A mixture-of-experts
-block's stacked expert weights ([experts, ...], the family's ExpertsInfo) stay whole under tp;
-under ep each rank holds its num_experts / ep of them, kept out of FSDP (runtime.parallel.ep);
-with ep = 1 they are ordinary parameters, FSDP shards their dim 0 (the experts) like any other.
+plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays them
+out: TP shards the linears of the family's tp_plan as each style's record says (plan.tp_styles:
+colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight
+Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms, embeddings and the LM
+head, except under Plan.loss_parallel, which splits the token embedding and the LM head on the
+vocabulary (dim 0 of both; a tied pair is one tensor, split once); PP gives each rank its stages
+(loop order) plus embeddings (first stage) and norm/head (last stage; a tied head is the embedding,
+held by both); FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every
+shard to the largest one. A mixture-of-experts block's stacked expert weights ([experts, ...], the
+family's ExpertsInfo) stay whole under tp; under ep each rank holds its num_experts / ep of them,
+kept out of FSDP (runtime.parallel.ep); with ep = 1 they are ordinary parameters, FSDP shards their
+dim 0 (the experts) like any other.
 
 The memory model (plan.estimate), the activation model (plan.activations) and the rank
 classes of the dry run (plan.virtual) all read it. Pure Python: knows no torch, and nothing
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from .axes import MeshAxis, mesh_coords
 from .models import ModelSpec
 from .plan import Plan
+from .tp_styles import TpStyle
 
 __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "cut_key", "spec_key", "Memo"]
 
@@ -49,26 +50,18 @@ class ParamInfo:
         return 0 if self.vocab and plan.loss_parallel else self.tp_dim
 
 
-def _tp_dim(style: str | None, leaf: str, transposed: bool) -> int | None:
-    """The dim of a block linear's `leaf` ('weight' / 'bias') that TP splits, None if replicated.
-
-    Colwise splits the output features, rowwise the input features; a transposed (Conv1D)
-    weight holds them the other way round. A rowwise bias is added after the all-reduce: whole.
-    """
+def _tp_dim(style: TpStyle | None, leaf: str, transposed: bool) -> int | None:
+    """The dim of a block linear's `leaf` ('weight' / 'bias') that TP splits, None if replicated
+    (the style's record says which: plan.tp_styles)."""
     if style is None:
         return None
-    out_dim, in_dim = (1, 0) if transposed else (0, 1)
-    if style.startswith("colwise"):
-        return out_dim if leaf == "weight" else 0
-    if style.startswith("rowwise"):
-        return in_dim if leaf == "weight" else None
-    return None  # a norm's weight, whole on every rank
+    return style.weight_dim(transposed) if leaf == "weight" else style.bias_dim
 
 
 def _block_params(spec: ModelSpec) -> list[tuple[str, tuple[int, ...], int | None]]:
     """(name relative to a block, shape, tp dim) of every tensor of one decoder block."""
     fam, cfg = spec.family_info, spec.config
-    styles = fam.block_tp_styles()
+    styles = fam.block_tp_records()
     out: list[tuple[str, tuple[int, ...], int | None]] = []
     for path, lin in fam.linears.items():
         n_in, n_out = spec.width(lin.in_width), spec.width(lin.out_width)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .facts import FAMILIES, TP_ALIASES, TP_STYLES, ExpertsInfo, FamilyInfo, Linear
+from .facts import FAMILIES, ExpertsInfo, FamilyInfo, Linear
+from .tp_styles import TP_ALIASES, TP_STYLES
 
 __all__ = ["VOCAB_SIZE", "ModelSpec", "TP_STYLES", "TP_ALIASES", "Linear", "ExpertsInfo", "FamilyInfo", "FAMILIES",
            "PRESETS", "CONFIGS", "CONFIG_DIR", "UnknownModelError", "spec_from_config_dict", "resolve_model"]

@@ -1,40 +1,47 @@
 """The order of a pipeline schedule on one rank, in plain Python: which action comes next.
 
-Owns torch's order of forwards and backwards for GPipe, 1F1B and Interleaved 1F1B
-(`schedule_order`), and of forwards, input halves and weight halves for InterleavedZeroBubble
-(_get_1f1b_rank_ops with enable_zero_bubble), ZBVZeroBubble and DualPipeV (its overlapped
-F/B as its two halves, forward first: `zero_bubble_ops`), written again from
-torch.distributed.pipelining.schedules (2.13): plan/ imports no torch, and the activation
-model (plan.activation_peak) and the step-time model (plan.pipeline_time) replay the order
-before any rank exists. The runtime runs torch's classes themselves; tests/test_activations.py
-holds this order to each class's own pipeline_order. Knows nothing of what a stage holds or of
-time: only which action comes next.
+Owns one order builder per schedule, each a function of numbers alone (pp, the pipeline rank,
+the microbatches, the stages per rank of a looped schedule) giving (action, local stage,
+split) in the order that rank runs them in one step: torch's order of forwards and backwards
+for GPipe, 1F1B and Interleaved 1F1B, and of forwards, input halves and weight halves for
+InterleavedZeroBubble (_get_1f1b_rank_ops with enable_zero_bubble), ZBVZeroBubble and DualPipeV
+(its overlapped F/B as its two halves, forward first), written again from
+torch.distributed.pipelining.schedules (2.13): plan/ imports no torch, and the activation model
+(plan.activation_peak) and the step-time model (plan.pipeline_time) replay the order before any
+rank exists. Each schedule's record (plan.schedules) names its builder; Plan.pipeline_ops calls
+it. The runtime runs torch's classes themselves; tests/test_activations.py holds this order to
+each class's own pipeline_order. Knows nothing of the Plan, of what a stage holds or of time:
+only which action comes next.
 """
 from __future__ import annotations
 
-from .plan import Plan
+from typing import Callable
+
+Op = tuple[str, int, bool]
+"""(action, local stage, split): 'F', 'B' or 'W' (a weight half); split is True for the input
+half of a zero-bubble backward whose weight half runs apart, False for a full backward (and for
+DualPipeV's unsplit halves, which run as one)."""
+OrderBuilder = Callable[[int, int, int, int], list[Op]]
+"""(pp, pipeline rank, microbatches, virtual stages) -> that rank's ops in one step."""
 
 
-def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
-    """('F' | 'B', local stage index) in the order this pipeline rank runs them in one step.
+def gpipe(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """Every forward, then every backward."""
+    return [("F", 0, False)] * m + [("B", 0, False)] * m
 
-    GPipe: every forward, then every backward. 1F1B: min(microbatches, stages - stage)
-    forwards, then backward-forward pairs, then the remaining backwards. Interleaved 1F1B:
-    torch's order (depth first, warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
-    rank) forwards, then forward-backward pairs). Zero bubble (interleaved-zb, zbv, dualpipev):
-    'B' is the input half of a backward and 'W' its weight half (plan.pipeline_order).
-    """
-    if plan.zero_bubble:
-        return [(a, local) for a, local, _ in zero_bubble_ops(plan, pp_rank)]
-    m = plan.n_microbatches
-    if plan.pp_schedule == "gpipe":
-        return [("F", 0)] * m + [("B", 0)] * m
-    if plan.pp_schedule == "1f1b":
-        warm = min(m, plan.n_stages - pp_rank)
-        return [("F", 0)] * warm + [op for _ in range(m - warm) for op in (("B", 0), ("F", 0))] + [("B", 0)] * warm
-    v, pp = plan.virtual_stages, plan.pp
+
+def one_f_one_b(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """min(microbatches, stages - rank) forwards, then backward-forward pairs, then the remaining backwards."""
+    warm = min(m, pp - rank)
+    pairs = [op for _ in range(m - warm) for op in (("B", 0, False), ("F", 0, False))]
+    return [("F", 0, False)] * warm + pairs + [("B", 0, False)] * warm
+
+
+def interleaved_1f1b(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """torch's order: depth first, a warm-up of (v - 1) * microbatches per round + 2 * (pp - 1 -
+    rank) forwards, then forward-backward pairs, then the remaining backwards."""
     per_round = m // max(1, m // pp)
-    warm = min((v - 1) * per_round + 2 * (pp - 1 - pp_rank), m * v)
+    warm = min((v - 1) * per_round + 2 * (pp - 1 - rank), m * v)
     total = m * v
 
     def fwd(op: int) -> int:
@@ -43,28 +50,17 @@ def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
     def bwd(op: int) -> int:
         return v - 1 - ((op - warm) // per_round) % v
 
-    order: list[tuple[str, int]] = []
+    order: list[Op] = []
     for op in range(total):
         if op < warm:
-            order.append(("F", fwd(op)))
+            order.append(("F", fwd(op), False))
         else:
-            order += [("F", fwd(op)), ("B", bwd(op))]
-    order += [("B", bwd(op)) for op in range(total, total + warm)]
+            order += [("F", fwd(op), False), ("B", bwd(op), False)]
+    order += [("B", bwd(op), False) for op in range(total, total + warm)]
     return order
 
 
-def zero_bubble_ops(plan: Plan, pp_rank: int) -> list[tuple[str, int, bool]]:
-    """(action, local stage, split) in the order pipeline rank `pp_rank` runs them in one step:
-    'F', 'B' (the input half of a backward) or 'W' (its weight half); split is False for the two
-    halves of a full backward (DualPipeV's), which run as one."""
-    if plan.pp_schedule == "zbv":
-        return _zbv_ops(plan.pp, pp_rank, plan.n_microbatches)
-    if plan.pp_schedule == "dualpipev":
-        return _dualpipev_ops(plan.pp, pp_rank, plan.n_microbatches)
-    return _interleaved_zb_ops(plan.pp, pp_rank, plan.n_microbatches, plan.virtual_stages)
-
-
-def _numbered(ops: list[tuple[str, int]], m: int) -> list[tuple[str, int, bool]]:
+def _numbered(ops: list[tuple[str, int]], m: int) -> list[Op]:
     """(action, local stage, split), each (action, stage)'s microbatches counted in order and
     those >= m left out (ZBV plans for more); a full backward 'BW' becomes 'B' and 'W' unsplit."""
     seen: dict[tuple[str, int], int] = {}
@@ -78,7 +74,8 @@ def _numbered(ops: list[tuple[str, int]], m: int) -> list[tuple[str, int, bool]]
     return out
 
 
-def _interleaved_zb_ops(pp: int, rank: int, m: int, v: int) -> list[tuple[str, int, bool]]:
+def interleaved_zb(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """Interleaved 1F1B with each backward split, the first `rank` weight halves held to the cool-down."""
     per_round = m // max(1, m // pp)
     total = v * m
     warm = min((v - 1) * per_round + (pp - 1 - rank), total)
@@ -107,7 +104,8 @@ def _interleaved_zb_ops(pp: int, rank: int, m: int, v: int) -> list[tuple[str, i
     return _numbered(ops, m)
 
 
-def _zbv_ops(pp: int, rank: int, m: int) -> list[tuple[str, int, bool]]:
+def zbv(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """ZBVZeroBubble's order, built for max(m, 2 * pp - 1) microbatches, the missing ones left out."""
     n = max(2 * pp - 1, m)
     ops: list[tuple[str, int]] = [("F", 0)] * (2 * (pp - rank) - 1)
     ops += [("F", 1), ("F", 0)] * rank
@@ -127,7 +125,8 @@ def _zbv_ops(pp: int, rank: int, m: int) -> list[tuple[str, int, bool]]:
     return _numbered(ops, m)
 
 
-def _dualpipev_ops(pp: int, rank: int, m: int) -> list[tuple[str, int, bool]]:
+def dualpipev(pp: int, rank: int, m: int, v: int) -> list[Op]:
+    """DualPipeV's order, each overlapped forward and backward as its two halves, forward first."""
     ops: list[tuple[str, int]] = []
     pending: list[int] = []  # input halves whose weight half has not run
 

@@ -1,9 +1,9 @@
 """The pipeline's step in time: the schedule's order replayed with each action's duration.
 
 Owns the replay plan.steptime reads for the bubble: each pipeline rank runs its forwards,
-backwards and weight halves in the order plan.pipeline_order.schedule_order gives (torch's, and
-plan.pipeline_order's for the zero-bubble schedules), an action starting once its rank is free
-and its input has arrived from the neighbouring stage; on a CPU whose ranks share cores, the
+backwards and weight halves in the order plan.plan.schedule_order gives (its schedule record's
+builder in plan.pipeline_order: torch's order, written again), an action starting once its rank
+is free and its input has arrived from the neighbouring stage; on a CPU whose ranks share cores, the
 busy ranks compute faster while the others wait. Knows nothing of FLOPs, bytes or links: the
 durations and the transfer time come from its caller. Pure Python: knows no torch.
 """
@@ -15,8 +15,7 @@ from typing import Callable
 
 from ..records import HardwareProfile
 from .inventory import Memo
-from .pipeline_order import schedule_order
-from .plan import Plan
+from .plan import Plan, schedule_order
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 
 Owns the Plan dataclass (its validation against a rank count and a model spec is
 plan.validate's), the mesh shape it implies and the facts derived from it once (`uses_ddp`,
-the pipeline stages and their layers), and what a form needs to offer its fields: each choice field's values (`field_choices`, from its Literal type) and
-each field's docstring (`field_docs`). Pure Python: knows no torch, no processes.
+the pipeline stages and their layers, the schedule's record and its order on one rank:
+`schedule`, `pipeline_ops`, `schedule_order`), and what a form needs to offer its fields: each
+choice field's values (`field_choices`, from its Literal type; pp_schedule's from the schedules'
+records) and each field's docstring (`field_docs`). Knows nothing of any one schedule: what
+differs between them is their record's (plan.schedules). Pure Python: knows no torch, no processes.
 """
 from __future__ import annotations
 
@@ -17,26 +20,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .axes import MESH_ORDER, MeshAxis
+from .pipeline_order import Op
+from .schedules import SCHEDULE_NAMES, SCHEDULES, PipelineSchedule, schedule_named, unknown_schedule
 
 Device = Literal["cpu", "cuda"]
 Precision = Literal["fp32", "bf16", "fp16"]
-PpSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b", "interleaved-zb", "zbv", "dualpipev"]
+PpSchedule = Literal[SCHEDULE_NAMES]  # type: ignore[valid-type]
+"""The schedules' names, from their records (plan.schedules): the panel's choices (field_choices)."""
 CpMethod = Literal["allgather", "ring"]
 Recompute = Literal["none", "selective", "full"]
 DEVICES: tuple[str, ...] = typing.get_args(Device)
 PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
-PP_SCHEDULES: tuple[str, ...] = typing.get_args(PpSchedule)
+PP_SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
 CP_METHODS: tuple[str, ...] = typing.get_args(CpMethod)
-TORCH_SCHEDULES: dict[str, str] = {
-    "gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-    "interleaved-zb": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}
-"""Our schedule name -> torch.distributed.pipelining's (get_schedule_class spells them so; either is accepted)."""
-ZERO_BUBBLE: tuple[str, ...] = ("interleaved-zb", "zbv", "dualpipev")
-"""Schedules that split a backward into its input half (B) and its weight half (W), run later."""
-V_SCHEDULES: tuple[str, ...] = ("zbv", "dualpipev")
-"""Two stages per rank laid out as a V: pipeline rank r holds stages r and 2 * pp - 1 - r."""
-LOOPED_SCHEDULES: tuple[str, ...] = ("interleaved-1f1b", "interleaved-zb")
-"""virtual_stages stages per rank, looped: pipeline rank r holds stages r, r + pp, ..."""
 RECOMPUTES: tuple[str, ...] = typing.get_args(Recompute)
 TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
 """Plan fields that do not change which shards a rank holds."""
@@ -125,9 +121,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         # Spellings a user may bring from torch or from JSON, folded to the one the fields hold.
-        if isinstance(self.pp_schedule, str) and self.pp_schedule not in PP_SCHEDULES:
-            torch_names = {v.lower(): k for k, v in TORCH_SCHEDULES.items()}
-            object.__setattr__(self, "pp_schedule", torch_names.get(self.pp_schedule.lower(), self.pp_schedule))
+        if isinstance(self.pp_schedule, str) and self.pp_schedule not in SCHEDULES:
+            named = schedule_named(self.pp_schedule)
+            object.__setattr__(self, "pp_schedule", named.name if named else self.pp_schedule)
         if isinstance(self.stage_layers, list):
             object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
 
@@ -185,10 +181,21 @@ class Plan:
         return self.microbatches or self.pp
 
     @property
+    def schedule(self) -> PipelineSchedule:
+        """The record of pp_schedule (plan.schedules); PlanError for a name no record has."""
+        if self.pp_schedule not in SCHEDULES:
+            raise PlanError([unknown_schedule(self.pp_schedule)])
+        return SCHEDULES[self.pp_schedule]
+
+    @property
+    def _placed(self) -> PipelineSchedule:
+        # A name no record has lays its stages out as 1F1B's (one per rank), so that a plan
+        # plan.validate refuses still counts its stages and describes itself.
+        return SCHEDULES.get(self.pp_schedule, SCHEDULES["1f1b"])
+
+    @property
     def stages_per_rank(self) -> int:
-        if self.pp_schedule in V_SCHEDULES:
-            return 2
-        return self.virtual_stages if self.pp_schedule in LOOPED_SCHEDULES else 1
+        return self._placed.stages_per_rank(self.virtual_stages)
 
     @property
     def n_stages(self) -> int:
@@ -198,20 +205,22 @@ class Plan:
     @property
     def zero_bubble(self) -> bool:
         """Whether the schedule splits backwards into input (B) and weight (W) halves."""
-        return self.pp > 1 and self.pp_schedule in ZERO_BUBBLE
+        return self.pp > 1 and self._placed.zero_bubble
 
     def stage_ids(self, pp_rank: int) -> list[int]:
         """Global stage indices held by pipeline rank `pp_rank`, in the order it builds them:
         looped r, r + pp, ...; a V schedule's r and 2 * pp - 1 - r."""
-        if self.pp_schedule in V_SCHEDULES:
-            return [pp_rank, 2 * self.pp - 1 - pp_rank]
-        return list(range(pp_rank, self.n_stages, self.pp))
+        return self._placed.stage_ids(self.pp, pp_rank, self.virtual_stages)
 
     def stage_owner(self, stage: int) -> int:
         """The pipeline rank holding global stage `stage` (stage_ids' inverse)."""
-        if self.pp_schedule in V_SCHEDULES:
-            return stage if stage < self.pp else 2 * self.pp - 1 - stage
-        return stage % self.pp
+        return self._placed.stage_owner(self.pp, stage)
+
+    def pipeline_ops(self, pp_rank: int) -> list[Op]:
+        """(action, local stage, split) in the order pipeline rank `pp_rank` runs them in one step:
+        'F', 'B' (under a zero-bubble schedule the input half of a backward) or 'W' (its weight
+        half); the schedule's own order (plan.pipeline_order)."""
+        return self.schedule.ops(self.pp, pp_rank, self.n_microbatches, self.virtual_stages)
 
     def layer_counts(self, num_layers: int) -> list[int]:
         """Decoder layers of each global stage: `stage_layers` when given, else split_layers."""
@@ -250,7 +259,7 @@ class Plan:
             parts.append(f"ep{self.ep}")
         text = "x".join(parts) or "single"
         # Only the knobs that came after the first names, so the existing layouts keep theirs.
-        if self.pp > 1 and self.pp_schedule in ZERO_BUBBLE:
+        if self.zero_bubble:
             text += f" {self.pp_schedule}"
         if self.cp > 1 and self.cp_method != "allgather":
             text += f" {self.cp_method}"
@@ -286,6 +295,13 @@ class Plan:
             except ValueError:
                 raise PlanError([f"{key}={raw!r} is not a {kind.__name__}"]) from None
         return cls(**values)
+
+
+def schedule_order(plan: Plan, pp_rank: int) -> list[tuple[str, int]]:
+    """('F' | 'B' | 'W', local stage index) in the order this pipeline rank runs them in one step
+    (Plan.pipeline_ops without the split flag): under a zero-bubble schedule 'B' is the input half
+    of a backward and 'W' its weight half."""
+    return [(a, local) for a, local, _ in plan.pipeline_ops(pp_rank)]
 
 
 @functools.cache

@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from .models import ModelSpec
-from .plan import (CP_METHODS, DEVICES, LOOPED_SCHEDULES, PP_SCHEDULES, PRECISIONS, RECOMPUTES, SEED_LIMIT,
-                   TORCH_SCHEDULES, V_SCHEDULES, Plan, PlanError)
+from .plan import CP_METHODS, DEVICES, PRECISIONS, RECOMPUTES, SEED_LIMIT, Plan, PlanError
+from .schedules import SCHEDULES, unknown_schedule
 
 
 def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
@@ -46,9 +46,8 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append(f"precision {plan.precision!r} is not one of {', '.join(PRECISIONS)}")
     elif plan.precision == "fp16" and plan.device != "cuda":
         problems.append("precision 'fp16' needs device 'cuda' (CPU autocast runs bf16)")
-    if plan.pp_schedule not in PP_SCHEDULES:
-        problems.append(f"pp_schedule {plan.pp_schedule!r} is not one of {', '.join(PP_SCHEDULES)} "
-                        f"(or torch's {', '.join(TORCH_SCHEDULES.values())})")
+    if plan.pp_schedule not in SCHEDULES:
+        problems.append(unknown_schedule(plan.pp_schedule))
     if plan.cp_method not in CP_METHODS:
         problems.append(f"cp_method {plan.cp_method!r} is not one of {', '.join(CP_METHODS)}")
     if not math.isfinite(plan.lr) or plan.lr <= 0:
@@ -131,25 +130,13 @@ def _combination_problems(plan: Plan) -> list[str]:
 
 
 def _schedule_problems(plan: Plan) -> list[str]:
-    """Each schedule's microbatch and stage constraints, as torch's classes check them (later, on
-    the ranks). The looped ones run microbatches in rounds of up to pp: max(1, m // pp) rounds
-    must divide m (pp 2: 1, 2, 3, 4, 6 run, 5 does not). ZBVZeroBubble has none: its order is
-    built for max(m, 2 * pp - 1) microbatches and the missing ones left out (m = 1 at pp 2 and
-    m = 4 at pp 4 ran at parity, measured). DualPipeV needs a microbatch per stage.
-    InterleavedZeroBubble also runs with one stage per rank (virtual_stages 1, measured)."""
+    """The schedule's own microbatch and stage constraints (its record's rule, as torch's class
+    checks it later, on the ranks), and stage_layers against the stages it lays out."""
     if plan.pp == 1:
         return []
-    problems, m, pp, name = [], plan.n_microbatches, plan.pp, plan.pp_schedule
-    if name == "1f1b" and m < pp:
-        problems.append(f"pp_schedule '1f1b' needs microbatches({m}) >= pp({pp})")
-    if name == "interleaved-1f1b" and plan.virtual_stages < 2:
-        problems.append(f"pp_schedule {name!r} needs virtual_stages({plan.virtual_stages}) >= 2")
-    elif name in LOOPED_SCHEDULES and m % max(1, m // pp):
-        rounds = max(1, m // pp)
-        problems.append(f"pp_schedule {name!r} needs microbatches({m}) to be a multiple of its rounds "
-                        f"max(1, microbatches({m}) // pp({pp})) = {rounds}")
-    if name == "dualpipev" and m < 2 * pp:
-        problems.append(f"pp_schedule 'dualpipev' needs microbatches({m}) >= stages(2 * pp({pp}) = {2 * pp})")
+    problems = []
+    if plan.pp_schedule in SCHEDULES:
+        problems += plan.schedule.problems(plan.pp, plan.n_microbatches, plan.virtual_stages)
     if plan.stage_layers:
         if len(plan.stage_layers) != plan.n_stages:
             problems.append(f"stage_layers has {len(plan.stage_layers)} entries for {plan.n_stages} pipeline stages")
@@ -199,9 +186,9 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     problems += _expert_problems(plan, spec)
     if plan.pp > 1:
         stages = plan.n_stages
-        what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}"
-                if plan.pp_schedule in LOOPED_SCHEDULES else
-                f"2 * pp({plan.pp}) = {stages} ({plan.pp_schedule}'s V)" if plan.pp_schedule in V_SCHEDULES
+        placed = SCHEDULES.get(plan.pp_schedule)
+        what = (f"pp({plan.pp}) * virtual_stages({plan.virtual_stages}) = {stages}" if placed and placed.looped else
+                f"2 * pp({plan.pp}) = {stages} ({plan.pp_schedule}'s V)" if placed and placed.v_shaped
                 else f"pp({plan.pp})")
         if plan.stage_layers:
             if sum(plan.stage_layers) != spec.num_layers and len(plan.stage_layers) == stages:
@@ -209,7 +196,7 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
                                 f"num_hidden_layers({spec.num_layers})")
         elif spec.num_layers < stages:
             problems.append(f"num_hidden_layers({spec.num_layers}) < pipeline stages {what}")
-        if plan.pp_schedule in V_SCHEDULES and spec.tied_embeddings and plan.data_parallel > 1:
+        if placed and placed.v_shaped and spec.tied_embeddings and plan.data_parallel > 1:
             problems.append(f"pp_schedule {plan.pp_schedule!r} on {spec.name}'s tied embedding and head with "
                             f"dp({plan.dp}) * fsdp({plan.fsdp}) > 1: the V puts both ends on pipeline rank 0, one "
                             "weight in two data-parallel units (untie them, or take a looped schedule)")

@@ -26,7 +26,6 @@ from collections import Counter, defaultdict
 from unittest import mock
 
 from ...plan import Plan, PlanError
-from ...plan.plan import TORCH_SCHEDULES
 from ...plan.validate import check
 from ...records.schedule import COMM_ACTIONS, COMPUTE_ACTIONS, ScheduleAction, SchedulePreview
 
@@ -36,14 +35,14 @@ KEPT = COMPUTE_ACTIONS + COMM_ACTIONS
 def _schedule(plan: Plan):
     """torch's schedule instance for the plan over mock stages (group rank 0; the order of every
     rank is computed by each rank alike)."""
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+    from torch.distributed.pipelining.schedules import get_schedule_class
     from torch.distributed.pipelining.stage import PipelineStage
 
-    cls = get_schedule_class(TORCH_SCHEDULES[plan.pp_schedule])
+    cls = get_schedule_class(plan.schedule.torch_name)
     stage = mock.create_autospec(PipelineStage, instance=True)
     stage.group_rank, stage.group_size, stage.submod = 0, plan.pp, None
     stage.num_stages = plan.n_stages
-    single = issubclass(cls, PipelineScheduleSingle)
+    single = plan.schedule.placement == "single"
     return cls(stage if single else [stage] * plan.stages_per_rank, plan.n_microbatches), single, stage
 
 
@@ -127,6 +126,6 @@ def preview_schedule(plan: Plan) -> SchedulePreview:
     # A send or receive takes a slot in the simulator, as long as a forward: counted as a wait it
     # would swamp the bubble, so a rank's idle share is its waiting slots over those it does not communicate in.
     idle = {r: 1.0 - busy[r] / (slots - comm[r]) if slots > comm[r] else 0.0 for r in sorted(simulated)}
-    return SchedulePreview(schedule=plan.pp_schedule, torch_class=f"Schedule{TORCH_SCHEDULES[plan.pp_schedule]}",
+    return SchedulePreview(schedule=plan.pp_schedule, torch_class=plan.schedule.torch_class,
                            pp=plan.pp, microbatches=plan.n_microbatches, stages_per_rank=plan.stages_per_rank,
                            actions=actions, slots=slots, idle=idle, notes=notes)

@@ -4,7 +4,7 @@ a TP and a PP plan.
 Owns `derive(spec) -> FamilyInfo` and `with_facts(spec)`: the plain data plan/ reads
 (plan.facts.FamilyInfo), taken from three places and never from the family's name:
 - the config class's `base_model_tp_plan` (module pattern -> transformers' style name,
-  kept as it is where plan.facts.TP_STYLES maps it) and `base_model_pp_plan` (which
+  kept as it is where plan.tp_styles has its record) and `base_model_pp_plan` (which
   modules run before, around and after the block list), and for a mixture of experts its
   `base_model_ep_plan` (which module holds the stacked experts: ExpertsInfo; the TP plan's
   expert entries are dropped, the experts stay whole under tp);

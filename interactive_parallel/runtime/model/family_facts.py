@@ -3,12 +3,13 @@ meta device, with no numerical check.
 
 Owns `derive_unchecked(config, name) -> FamilyInfo` and what it reads: the config's
 `base_model_tp_plan` (kept as transformers names the styles, aliases folded, refused where
-plan.facts.TP_STYLES does not map one), `base_model_pp_plan` (what runs before, around and after
-the block list) and `base_model_ep_plan` (the stacked experts of a mixture of experts), and of the
-meta model the module paths, every block linear's shape and bias, the norms and what else a block
-holds, the LM head, the rotary table and how a block hands attention its input (read from the
-block's own source); also building a config and its model on the meta device, and one forward
-there that checks every shape (`forward_on_meta`). Refusals are UnknownModelError. Knows
+plan.tp_styles has no record of a style or its record says a config may not name it),
+`base_model_pp_plan` (what runs before, around and after the block list) and `base_model_ep_plan`
+(the stacked experts of a mixture of experts, each style's facts its record's in plan.ep_styles),
+and of the meta model the module paths, every block linear's shape and bias, the norms and what
+else a block holds, the LM head, the rotary table and how a block hands attention its input (read
+from the block's own source); also building a config and its model on the meta device, and one
+forward there that checks every shape (`forward_on_meta`). Refusals are UnknownModelError. Knows
 nothing of the small copy that checks these facts numerically (runtime.model.family_check), of
 caching, or of plans, meshes and ranks. Imports torch and transformers only inside functions.
 """
@@ -18,7 +19,9 @@ import inspect
 import re
 from typing import Any
 
-from ...plan.models import TP_ALIASES, TP_STYLES, ExpertsInfo, FamilyInfo, Linear, ModelSpec, UnknownModelError
+from ...plan.models import ExpertsInfo, FamilyInfo, Linear, ModelSpec, UnknownModelError
+from ...plan.ep_styles import EP_STYLES
+from ...plan.tp_styles import TP_ALIASES, TP_STYLES
 
 
 def built_config(config: dict, name: str):
@@ -160,7 +163,7 @@ def _experts_facts(cfg, block, mlp: str, name: str) -> ExpertsInfo | None:
         return None
     sparse = block.get_submodule(mlp)
     children = dict(sparse.named_children())
-    dispatch = [k for k, v in ep_plan.items() if v == "ep_dispatch_experts"]
+    dispatch = [k for k, v in ep_plan.items() if v in EP_STYLES and EP_STYLES[v].dispatches]
     experts_rel = _one([k.split(".*.", 1)[1] for k in dispatch], "the experts module", "base_model_ep_plan", name)
     router = _one([n for n, m in children.items() if "router" in type(m).__name__.lower()],
                   "the router", f"the sparse block {mlp}", name)
@@ -168,10 +171,10 @@ def _experts_facts(cfg, block, mlp: str, name: str) -> ExpertsInfo | None:
     if not hasattr(experts, "num_experts"):
         raise UnknownModelError(f"{name}: {experts_rel} ({type(experts).__name__}) does not hold its experts "
                                 "stacked as transformers' experts interface does")
-    odd = [k for k, v in ep_plan.items() if v not in ("grouped_gemm", "ep_dispatch_experts")]
+    odd = [k for k, v in ep_plan.items() if v not in EP_STYLES]
     if odd:
         raise UnknownModelError(f"{name}: its EP plan uses styles {sorted({ep_plan[k] for k in odd})}; "
-                                "grouped_gemm and ep_dispatch_experts are laid out")
+                                f"{' and '.join(EP_STYLES)} are laid out")
     width = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     return ExpertsInfo(
         block_path=mlp, router_path=f"{mlp}.{router}", experts_path=experts_rel,
@@ -217,14 +220,16 @@ def _tp_styles(tp_plan: dict[str, str], layers_key: str, block, name: str) -> di
             raise UnknownModelError(f"{name}: its TP plan splits {pattern!r} ({style}), outside the blocks; "
                                     "only block modules are split here")
         rel = pattern[len(prefix):]
-        if style not in TP_STYLES or style == "colwise_fused_qkv":
+        record = TP_STYLES.get(style)
+        if record is None or not record.from_transformers:
+            mapped = ", ".join(s.name for s in TP_STYLES.values() if s.from_transformers)
             raise UnknownModelError(f"{name}: its TP plan gives {pattern!r} the style {style!r}, which is not "
-                                    f"mapped here (mapped: {', '.join(s for s in TP_STYLES if s != 'colwise_fused_qkv')})")
+                                    f"mapped here (mapped: {mapped})")
         try:
             module = block.get_submodule(rel)
         except AttributeError:
             raise UnknownModelError(f"{name}: its TP plan names {pattern!r}, which a block does not have") from None
-        if style != "replicated_with_grad_allreduce" and not isinstance(module, nn.Linear):
+        if record.linear and not isinstance(module, nn.Linear):
             raise UnknownModelError(f"{name}: its TP plan splits {pattern!r} ({type(module).__name__}) as "
                                     f"{style}; only linears are split so")
         out[rel] = style

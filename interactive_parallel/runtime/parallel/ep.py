@@ -1,8 +1,9 @@
 """Expert parallelism: each MoE layer's experts split over the ep ranks, tokens sent to them and back.
 
-Owns applying transformers' own expert-parallel plan (the config's `base_model_ep_plan`:
-`grouped_gemm` splits the stacked expert weights on dim 0 as DTensors on the ep mesh,
-`ep_dispatch_experts` routes the experts' forward through an EPImplementation) with one
+Owns applying transformers' own expert-parallel plan (the config's `base_model_ep_plan`, each
+style's facts its record's in plan.ep_styles: `grouped_gemm` splits the stacked expert weights on
+dim 0 as DTensors on the ep mesh, `ep_dispatch_experts` routes the experts' forward through an
+EPImplementation) with one
 implementation registered here, `CountedAllToAll`: transformers' AllToAllEP (the per-expert
 counts exchanged with all_to_all_single, then the tokens with the autograd
 all_to_all_single, there and back; under tp each tp rank sends its slice of the tokens)
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ...plan import MeshAxis, ModelSpec, Plan, expert_coords, expert_groups, mesh_coords
+from ...plan.ep_styles import EP_STYLES
 from ...records import ExpertRecord
 from ..groups.mesh import cached
 
@@ -215,7 +217,7 @@ def apply_ep(raw: nn.Module, spec: ModelSpec, plan: Plan, layer_ids: list[int], 
         for i in layer_ids:
             per_layer[f"{fam.layers_path}.{i}.{rest}"] = style
     # transformers applies a module's forward before its parameters are known to it: params first
-    order = sorted(per_layer, key=lambda k: per_layer[k] == "ep_dispatch_experts")
+    order = sorted(per_layer, key=lambda k: EP_STYLES[per_layer[k]].dispatches)
     apply_expert_parallelism(raw, mesh["ep"], mesh["tp"], {k: per_layer[k] for k in order},
                              ep_implementation=IMPLEMENTATION)
     return expert_parameters(raw, spec, layer_ids), replicas

@@ -2,10 +2,10 @@
 
 Owns the split of the model into the stages a rank holds (each a runtime.model.stage module
 over the transformers model's own embeddings, layers and head; loop order: rank r holds
-stages r, r + pp, ...; under a V, r and 2 * pp - 1 - r; Plan.stage_ids),
-the schedule (torch's class by name: GPipe, 1F1B, Interleaved1F1B, and the zero-bubble
-InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) with the last stage's loss (scaled for
-fp16), and a schedule-free forward
+stages r, r + pp, ...; under a V, r and 2 * pp - 1 - r; Plan.stage_ids, from the schedule's
+record), the schedule (torch's class, named by the plan's schedule record in plan.schedules:
+GPipe, 1F1B, Interleaved1F1B, and the zero-bubble InterleavedZeroBubble, ZBVZeroBubble,
+DualPipeV) with the last stage's loss (scaled for fp16), and a schedule-free forward
 for inference (shapes change every generated token, which a PipelineStage cannot follow):
 micro-batches flow through the stages with point-to-point sends, each stage keeping the KV
 cache of its own layers (transformers' cache classes) per micro-batch. Knows nothing of the
@@ -103,8 +103,9 @@ def stage_examples(module: StageModule, plan: Plan) -> tuple[torch.Tensor, torch
 def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device) -> tuple[Any, tuple]:
     """(the plan's schedule over a PipelineStage per module, the schedule_shape it was built for).
 
-    The class is torch's, chosen by name (plan.TORCH_SCHEDULES through get_schedule_class):
-    GPipe and 1F1B take the rank's one stage, the multi-stage ones (looped, V) a list of them.
+    The class is torch's, chosen by the schedule record's torch name (plan.schedules, through
+    get_schedule_class): a 'single' placement (GPipe, 1F1B) takes the rank's one stage, the
+    multi-stage ones (looped, V) a list of them.
     scale_grads=False: pipeline_loss already divides by the microbatch (and accumulation)
     count. The schedule's own scaling divides *every* gradient after each step, which
     would also shrink what earlier accumulation micro-steps left there.
@@ -115,18 +116,17 @@ def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device)
     stages unsharded between forward and backward (runtime.layout.parallelize says why).
     """
     from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+    from torch.distributed.pipelining.schedules import get_schedule_class
 
-    from ...plan.plan import TORCH_SCHEDULES
-
-    cls = get_schedule_class(TORCH_SCHEDULES[plan.pp_schedule])
+    schedule = plan.schedule
+    cls = get_schedule_class(schedule.torch_name)
     pp_rank = dist.get_rank(pp_group)
     stages = []
     for m, s in zip(stage_modules, plan.stage_ids(pp_rank)):
         inp, out = stage_examples(m, plan)
         stages.append(PipelineStage(m, s, plan.n_stages, device, input_args=inp, output_args=out, group=pp_group))
     kw = dict(n_microbatches=plan.n_microbatches, loss_fn=pipeline_loss(plan), scale_grads=False)
-    held = stages[0] if issubclass(cls, PipelineScheduleSingle) else stages
+    held = stages[0] if schedule.placement == "single" else stages
     return cls(held, **kw), schedule_shape(plan)
 
 

@@ -1,18 +1,20 @@
 """Tensor parallel: weight matrices of the decoder layers split across the tp mesh axis.
 
 Owns turning a family's TP plan (FamilyInfo.tp_plan, module path -> style name: the names of
-transformers' own `base_model_tp_plan`) into torch's DTensor ParallelStyles: colwise and
-rowwise, their gathered-output and split-input variants, per-head norms replicated with
-their gradient summed over tp (`ReplicatedHeadNorm`), linears whose weight is stored
-transposed (transformers' Conv1D, FamilyInfo.weights_transposed) and fused q|k|v projections
-(style 'colwise_fused_qkv', regrouped per head first), sequence parallelism of the norms,
+transformers' own `base_model_tp_plan`, each style's facts its record's in plan.tp_styles) into
+torch's DTensor ParallelStyles: colwise and rowwise, their gathered-output and split-input
+variants, per-head norms replicated with their gradient summed over tp (`ReplicatedHeadNorm`),
+linears whose weight is stored transposed (transformers' Conv1D, FamilyInfo.weights_transposed)
+and fused q|k|v projections (a style packed 'qkv': 'colwise_fused_qkv', regrouped per head
+first), sequence parallelism of the norms,
 and rewriting the attention modules' head bookkeeping for the local shard
 (FamilyInfo.local_head_attrs). Under Plan.loss_parallel also the vocabulary ends
 (torchtitan's plan): the token embedding rowwise on the vocabulary (its output all-reduced,
 whole), the LM head colwise with its logits left split on the vocabulary as a DTensor for
 runtime.model.loss to take the cross-entropy on (a tied pair is one weight, split once: both
 styles shard the [vocab, hidden] matrix on dim 0). Without it, both stay whole on every tp
-rank. Reads the family's facts, never its name; the model code is never edited. Knows
+rank. Reads the family's facts and each style's record, never a family's or a style's name; the
+model code is never edited. Knows
 nothing of other mesh axes or of how the model is trained.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, P
                                                SequenceParallel, parallelize_module)
 
 from ...plan import ModelSpec
-from ...plan.models import TP_STYLES
+from ...plan.tp_styles import TP_STYLES, tp_style
 
 
 def _distribute(module: nn.Module, mesh, placements: dict[str, list]) -> None:
@@ -127,16 +129,15 @@ class ReplicatedHeadNorm(ParallelStyle):
 
 
 def _style(style: str, transposed: bool, out_layout) -> nn.Module:
-    """Our ParallelStyle for a plan.models.TP_STYLES name (transformers' names, mapped onto torch's styles)."""
-    if style not in TP_STYLES:
-        raise ValueError(f"TP style {style!r} is not one of {', '.join(TP_STYLES)}")
-    if style == "replicated_with_grad_allreduce":
+    """Our ParallelStyle for a style name, built as its record says (plan.tp_styles: transformers'
+    names, mapped onto torch's styles)."""
+    rec = tp_style(style)
+    if not rec.linear:  # a per-head norm: whole on every rank, its gradient summed over tp
         return ReplicatedHeadNorm()
-    if style == "colwise_gather_output":
-        return Colwise(transposed=transposed, output_layouts=Replicate())
-    if style.startswith("colwise"):
-        return Colwise(transposed=transposed)
-    if style == "rowwise_split_input":
+    if rec.shards == "output":
+        return Colwise(transposed=transposed, output_layouts=Replicate()) if rec.gathers_output \
+            else Colwise(transposed=transposed)
+    if rec.slices_input:
         return Rowwise(transposed=transposed, input_layouts=Replicate(), output_layouts=out_layout)
     return Rowwise(transposed=transposed, output_layouts=out_layout)
 
@@ -186,13 +187,14 @@ def localize_attention(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) ->
 
 
 def _permute_fused(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> dict:
-    """Regroup each 'colwise_fused_qkv' projection per head, in place; {param name: (dim, perm)}."""
+    """Regroup each projection of a packed q|k|v style (TpStyle.packed 'qkv': 'colwise_fused_qkv') per
+    head, in place; {param name: (dim, perm)}."""
     fam = spec.family_info
     perm = fused_qkv_permutation(spec.width("q"), spec.width("kv"), tp)
     weight_dim = 1 if fam.weights_transposed else 0  # the output features of the weight
     perms: dict[str, tuple[int, torch.Tensor]] = {}
     for pattern, style in fam.tp_plan.items():
-        if style != "colwise_fused_qkv":
+        if TP_STYLES[style].packed != "qkv":
             continue
         for i in layer_ids:
             path = pattern.replace("*", str(i))
