@@ -8,7 +8,7 @@ Step time is the median of the steps after the first; compile time is the first 
 step minus that median, from an empty compile cache (a fresh TORCHINDUCTOR_CACHE_DIR per
 run, removed after). Activations are the bytes saved for backward on the last step (the
 memory probe): inductor chooses what to save (it recomputes fused pointwise ops), so they
-can differ from eager's. Prints a table; the README's table is this output.
+can differ from eager's. Prints a table; docs/measured.md's table is this output.
 
     python bench/bench_compile.py --decode
 

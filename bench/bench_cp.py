@@ -6,7 +6,7 @@ rank 0's measured activation peak (the memory probe) beside the prediction (plan
 attention's part of the prediction (plan.activations.layer_parts, every layer: under all-gather
 the whole sequence's K and V and the causal mask, under ring only the local K/V block), and the
 ring's sends per step (the comm ledger). The last line compares the measured saving (all-gather's
-peak minus ring's) with the predicted one. The README's context-parallel table quotes it.
+peak minus ring's) with the predicted one. docs/measured.md's context-parallel table quotes it.
 Run: .venv/bin/python bench/bench_cp.py [--cp 4] [--batch 2] [--seq 1024]
 Knows nothing of pytest; spawned ranks come from tests/mp_harness.py.
 """

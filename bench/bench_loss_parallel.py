@@ -5,7 +5,7 @@ Runs one fp32 training step of a tiny Llama with a wide vocabulary (the preset's
 the measured activation peak (the memory probe), the prediction (plan.estimate), the head's part
 of the prediction (the final norm, the head's input, the fp32 log-probabilities and targets:
 plan.activations.once_per_forward) and the parameter bytes (the embedding and head are split on
-the vocabulary under loss parallel). The README's tensor-parallel table quotes it.
+the vocabulary under loss parallel). docs/layouts.md's loss-parallel table quotes it.
 Run: .venv/bin/python bench/bench_loss_parallel.py [--vocab 8192] [--tp 2] [--batch 8] [--seq 64]
 Knows nothing of pytest; spawned ranks come from tests/mp_harness.py.
 """

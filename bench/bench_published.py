@@ -6,7 +6,7 @@ batch, bf16, recomputation, sequence parallel; Megatron's vocabulary-parallel he
 loss_parallel), the prediction (plan.steptime.predict_step: tokens/s per GPU, MFU, the step's
 split) beside the published figure; then the memory of the paper's layout per GPU against an
 H100's 80 GB under its own settings and with recomputation, and the search's time for
-Llama-3-70B on 1,024 ranks. Pure Python, seconds. The README's "Which plan?" tables quote it.
+Llama-3-70B on 1,024 ranks. Pure Python, seconds. docs/planning.md's "Which plan?" tables quote it.
 Run: .venv/bin/python bench/bench_published.py
 """
 from __future__ import annotations

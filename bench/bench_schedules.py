@@ -6,7 +6,7 @@ schedule applies Plan(pp, that schedule, --microbatches) and trains --warmup ste
 steps with the probes on; per rank the idle share of each measured step is viz.bubble_fractions
 of its PipelineEvents (1 - the union of its compute intervals / the step's span), and the table
 gives the median over the steps and, beside it, Session.preview_schedule's simulated idle (every
-action, sends and receives too, one slot). The README's pipeline table quotes it; notebook 03
+action, sends and receives too, one slot). docs/measured.md's pipeline table quotes it; notebook 03
 asserts the zero-bubble row below 1F1B's on its own, smaller plan.
 Run: .venv/bin/python bench/bench_schedules.py [--model small-llama] [--layers 8] [--microbatches 8]
      [--batch 16] [--seq 128] [--steps 5]

@@ -1,6 +1,6 @@
 """The Session against plain torchrun, bare ipyparallel and accelerate's notebook_launcher, in one run.
 
-Prints one table of medians and the ratios the README quotes:
+Prints one table of medians and the ratios docs/measured.md quotes:
 - step time inside `train(steps=20)` (client wall time / 20: call, streaming and the ranks' stop
   agreement included) against the same `train_step` loop under plain torchrun (20 steps timed
   end to end between two barriers), per plan, probes at their default; with the session's

@@ -10,7 +10,8 @@ table, then per model the median over the rounds of each plan's measured, predic
 gap's range over the rounds, the typical gap (the median |gap| over the plans but the anchor,
 whose gap is near 0 by construction) and how many plans come within 25 %; --json writes the
 rows. Rounds matter on shared cores: one plan's median, and one calibration, move by tens of
-percent with the machine's moment. The README's "Which plan?" table quotes the summary;
+percent with the machine's moment. docs/planning.md's "Predicted against measured" table quotes
+the summary;
 tests/test_steptime_live.py asserts the typical plan within 25 % and every plan within a factor
 of 2.5 on the same plans.
 Run: .venv/bin/python bench/bench_steptime.py [--models tiny-llama small-llama] [--rounds 3] [--json out.json]

@@ -19,7 +19,7 @@ from interactive_parallel.plan.plan import schedule_order
 from conftest import parity_plan_params
 
 ACT_TOLERANCE = 0.10
-"""Measured activation peaks are within this fraction of the prediction (the bound the README states)."""
+"""Measured activation peaks are within this fraction of the prediction (the bound docs/planning.md states)."""
 
 LLAMA, GPT2 = PRESETS["tiny-llama"], PRESETS["tiny-gpt2"]
 H, I, HEADS = 64, 256, 4  # both tiny presets

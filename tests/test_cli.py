@@ -1,4 +1,5 @@
-"""The headless demo writes a standalone HTML report with the loss figure."""
+"""The headless demo writes a standalone HTML report with the loss figure, and asks the model
+additions before and after training, with the sums beside its answers and how many it got right."""
 import pytest
 
 from interactive_parallel.cli import main
@@ -14,6 +15,8 @@ def test_demo_writes_report_with_loss_figure(tmp_path, capsys):
     assert 'id="loss"' in html and "plotly" in html.lower()
     out = capsys.readouterr().out
     assert "2 ranks ready" in out and "report written" in out
+    assert "right: " in out and " of 8 after 4 steps (before training: " in out  # --quiz 8 additions
+    assert "docs/index.md" in out and "notebooks/00_tour.ipynb" in out  # what to open next
 
 
 def test_demo_refuses_a_bad_plan_before_starting(capsys):

@@ -9,7 +9,7 @@ transformers'):
   and slows the step by at least its `seconds`;
 - no process is left waiting: after the next call no call is pending and the pool's engine
   processes are exactly the ranks';
-- the next call works, and what it starts from is what the README's "What it survives"
+- the next call works, and what it starts from is what docs/faults.md's "What it survives"
   table says (KEPT): a raised rank -> every rank's own shards (weights, AdamW state, step of
   the last completed step); a dead, hung or collective-skipping rank -> the newest snapshot.
   The oracle is parity: the steps after the failure have the losses of one uninterrupted
@@ -17,7 +17,7 @@ transformers'):
 Every case starts from the seed (load_model), snapshot at step 2, fault at the boundary of
 step 3 or inside its second collective. The seconds from each fault firing to its error
 reaching the caller land in artifacts/faults.md beside the time the design aims at (LIMITS:
-kill and raise 10 s, a hang or a skipped collective TIMEOUT_S + 10 s), and the README's table
+kill and raise 10 s, a hang or a skipped collective TIMEOUT_S + 10 s), and docs/faults.md's table
 quotes them: a benchmark's figures, which no assertion bounds (how fast a loaded machine
 answers is not what a test decides).
 """
@@ -50,7 +50,7 @@ WHERE = {"dp4": "step", "fsdp4": "step", "dp2xtp2": "collective", "pp2xdp2": "co
 """At the step boundary, or inside the step's second collective (collective=1)."""
 FAULTS = ("raise", "kill", "hang", "skip_collective", "slow")
 KEPT = {"raise": "kept", "kill": "snapshot", "hang": "snapshot", "skip_collective": "snapshot"}
-"""Where the state after each fault comes from (the README's table says the same)."""
+"""Where the state after each fault comes from (docs/faults.md's table says the same)."""
 PROMPTS = ["12+35=", "7+8=", "40+2=", "3+3="]
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 MEASURED: list[dict] = []
@@ -105,7 +105,7 @@ def _check_named(err: RankError, fault: str, victim: int) -> None:
     elif fault == "kill":
         assert err.ename == "EngineDied"
     elif fault == "hang":
-        assert err.ename == "RankHung"  # found by the collective timeout, as the README says
+        assert err.ename == "RankHung"  # found by the collective timeout, as docs/faults.md says
 
 
 def _nothing_waits(s) -> None:
@@ -204,10 +204,10 @@ def test_a_bad_fault_is_refused_before_any_rank_is_touched(session):
     assert s.ranks.pool.client.history == calls
 
 
-def _readme_rows() -> dict[tuple[str, str], list[str]]:
-    """The README's "What it survives" table: {(fault, during): its cells}."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme.split("### What it survives", 1)[1].split("\n#", 1)[0]
+def _documented_rows() -> dict[tuple[str, str], list[str]]:
+    """docs/faults.md's "What it survives" table: {(fault, during): its cells}."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
+    section = page.split("## What it survives", 1)[1].split("\n#", 1)[0]
     rows = {}
     for line in section.splitlines():
         if line.startswith("| `"):
@@ -221,14 +221,14 @@ def _limit(cell: str) -> float:
     return (TIMEOUT_S if "timeout" in cell else 0.0) + float(cell.split()[-2])
 
 
-def test_readme_states_what_the_suite_measures():
-    """The README's "What it survives" table: for each fault during train, what the suite asserts
+def test_docs_state_what_the_suite_measures():
+    """docs/faults.md's "What it survives" table: for each fault during train, what the suite asserts
     is kept and the time the design aims at (LIMITS); every figure it quotes is within that
     time. This run's own latencies are figures (artifacts/faults.md), not assertions."""
-    rows = _readme_rows()
+    rows = _documented_rows()
     for fault in FAULTS:
         cells = rows.get((fault, "train"))
-        assert cells, f"README table has no row for {fault} during train"
+        assert cells, f"docs/faults.md's table has no row for {fault} during train"
         if fault in KEPT:
             word = "own shards" if KEPT[fault] == "kept" else "newest snapshot"
             assert word in cells[5], (fault, cells)
@@ -237,7 +237,7 @@ def test_readme_states_what_the_suite_measures():
             assert max(quoted) <= LIMITS[fault], (fault, cells[4])
     for call in ("generate", "serve"):
         for fault in ("kill", "hang"):
-            assert (fault, call) in rows, f"README table has no row for {fault} during {call}"
+            assert (fault, call) in rows, f"docs/faults.md's table has no row for {fault} during {call}"
 
 
 def _span(values: list[float]) -> str:
@@ -246,7 +246,7 @@ def _span(values: list[float]) -> str:
 
 
 def _write_figures() -> None:
-    """Every case measured, then per fault and call the span over plans (the README quotes it)."""
+    """Every case measured, then per fault and call the span over plans (docs/faults.md quotes it)."""
     if not MEASURED:
         return
     ARTIFACTS.mkdir(exist_ok=True)

@@ -8,8 +8,8 @@ as a kernel restart or an out-of-memory kill ends it; 2 ranks, tiny-llama, dp2):
   the previous checkpoint at its name whole and loadable, and the partial one beside it under
   `<name>.partial-<token>`, where `atomic_dir.partials` finds it, `load` refuses it by name,
   and the next save of that name removes it.
-The seconds from the kill until nothing was left land in artifacts/faults-kernel.md (the
-README quotes them); no assertion bounds them."""
+The seconds from the kill until nothing was left land in artifacts/faults-kernel.md
+(docs/faults.md quotes them); no assertion bounds them."""
 from __future__ import annotations
 
 import json

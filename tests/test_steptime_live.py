@@ -10,7 +10,7 @@ model computed from recorded timings: dp4's measured median, by construction of 
 replica_overhead_s, unless the bare model already predicts more). How close the predictions
 come to the live steps of the other plans depends on the machine and its load, and is a
 benchmark: bench/bench_steptime.py measures every plan over rounds and prints the gaps (the
-README's "Which plan?" section shows them).
+docs/planning.md's "Predicted against measured" shows them).
 """
 from __future__ import annotations
 
