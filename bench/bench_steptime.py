@@ -11,9 +11,9 @@ gap's range over the rounds, the typical gap (the median |gap| over the plans bu
 whose gap is near 0 by construction) and how many plans come within 25 %; --json writes the
 rows. Rounds matter on shared cores: one plan's median, and one calibration, move by tens of
 percent with the machine's moment. docs/planning.md's "Predicted against measured" table quotes
-the summary;
-tests/test_steptime_live.py asserts the typical plan within 25 % and every plan within a factor
-of 2.5 on the same plans.
+the summary. How close a prediction comes is this bench's figure, never a test's bound:
+tests/test_steptime_live.py checks what holds on any machine (the anchor's prediction is the
+median of its own recorded steps; every plan gets a positive split).
 Run: .venv/bin/python bench/bench_steptime.py [--models tiny-llama small-llama] [--rounds 3] [--json out.json]
 """
 from __future__ import annotations
