@@ -1,8 +1,9 @@
 """Shared fixtures (a live 4-rank session per module, leak checks for pools), the tiers, and how
-the suite shares two cores: pytest-xdist's workers each take whole units (a module, or a group
-of modules that share a session fixture or the machine's network namespaces), the costliest
-first, those that mostly wait beside those that compute; each worker keeps its temporary files
-and session scratch in directories of its own."""
+the suite shares a machine's cores when asked to (`-n 4`; one process by default, since on 2
+cores two workers took as long as one): pytest-xdist's workers each take whole units (a module,
+or a group of modules that share a session fixture or the machine's network namespaces), the
+costliest first, those that mostly wait beside those that compute; each worker keeps its
+temporary files and session scratch in directories of its own."""
 from __future__ import annotations
 
 import atexit
@@ -30,7 +31,7 @@ FAST = (
 
 WAITING = ("faults", "launchers", "multihost")
 """Tiers whose time is mostly waiting (collective timeouts, pools dying and restarting, Slurm and
-sshd): under xdist they are handed out between the computing tiers, so the two workers are
+sshd): under xdist they are handed out between the computing tiers, so the workers are
 rarely both idle."""
 COMPUTING = ("notebook", "session", "multirank", "browser", "rank1", "pure")
 """The other tiers, costliest first, so the run ends on short units that even the workers out."""
@@ -69,9 +70,15 @@ def _schedule(config, items, tier_of: dict) -> None:
 
 def pytest_configure(config):
     """An xdist worker's temporary files and session scratch go to directories of its own, so
-    what one worker's tests count as left behind (tests/test_cycles.py) is theirs alone."""
+    what one worker's tests count as left behind (tests/test_cycles.py) is theirs alone; and the
+    torch it runs in-process (references, dry runs, notebook kernels) takes its share of the
+    cores, not all of them: two workers each with as many OpenMP threads as cores spin against
+    each other (runtime.groups.dist.threads_for; ranks set their own count)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // workers)))
         config._own_dirs = [tempfile.mkdtemp(prefix=f"ip-{worker}-"),
                             tempfile.mkdtemp(prefix=f"ip-{worker}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)]
         os.environ["TMPDIR"], os.environ["IP_SCRATCH_BASE"] = config._own_dirs

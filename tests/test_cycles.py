@@ -6,7 +6,8 @@ pp in turn), trains two steps with the probes on (memory, comm ledger, compute i
 the default) and a snapshot, and stops. Counted before the eight and after them:
 this process's child processes and their listening ports, this process's threads, the
 shared-memory segments in /dev/shm, the entries of the scratch base (records.state.scratch_base:
-an xdist worker's own) and of the temporary directory (new ones only, each named when it is left). Each cycle also checks its own pool's processes and ports
+an xdist worker's own) and of the temporary directory (new ones only, each named when it is left;
+a shared-memory entry another process tree has mapped, an xdist peer's, is not these cycles'). Each cycle also checks its own pool's processes and ports
 are gone (live_session).
 """
 from __future__ import annotations
@@ -47,11 +48,29 @@ def _footprint() -> dict[str, set]:
     }
 
 
+def _held_elsewhere(entry: str) -> bool:
+    """A /dev/shm entry that a process outside this one's tree has mapped: another test
+    process's (an xdist peer's multiprocessing semaphores live as long as its queues), not a
+    leak of these cycles."""
+    mine = {os.getpid()} | {c.pid for c in psutil.Process().children(recursive=True)}
+    for proc in psutil.process_iter():
+        if proc.pid in mine:
+            continue
+        try:
+            with open(f"/proc/{proc.pid}/maps") as maps:
+                if f"/dev/shm/{entry}" in maps.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _left(before: dict[str, set]) -> dict[str, set]:
     """What is there now and was not before, once it has had SETTLE_S to go."""
     deadline = time.monotonic() + SETTLE_S
     while True:
         now = _footprint()
+        now["shared memory"] = {e for e in now["shared memory"] if e in before["shared memory"] or not _held_elsewhere(e)}
         left = {k: now[k] - before[k] for k in now if now[k] - before[k]}
         if not left or time.monotonic() > deadline:
             return left
