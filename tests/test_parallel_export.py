@@ -83,7 +83,8 @@ def test_exported_script_reproduces_first_step_loss(tmp_path, model, plan):
     spec = _spec(model)
     script.write_text(script_text(spec, plan, 2))
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = dict(os.environ, OMP_NUM_THREADS="1",
+    # PYTHONFAULTHANDLER: a rank that dies natively (SIGABRT, SIGSEGV) prints its Python stacks
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     # --standalone: torchrun picks a free port itself. start_new_session + killpg on timeout:
     # killing torchrun alone would orphan its workers.
@@ -96,7 +97,8 @@ def test_exported_script_reproduces_first_step_loss(tmp_path, model, plan):
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         pytest.fail(f"torchrun timed out:\n{stderr[-4000:]}")
-    assert proc.returncode == 0, stderr[-4000:]
+    # the ranks' own lines come first on stderr, torchrun's summary of who failed last
+    assert proc.returncode == 0, f"stdout:\n{stdout[-2000:]}\nranks' stderr:\n{stderr[:6000]}"
     losses = [float(m) for m in re.findall(r"step \d+ loss ([0-9.]+)", stdout)]
     assert len(losses) == 2, stdout
     # The single-process run: test_parallel_parity holds dp2xtp2 to it within 1e-5 per step.

@@ -63,9 +63,16 @@ def init_from_env(device: str = "cpu", timeout_s: float = 120.0, *, threads: int
 
 def finish() -> None:
     """Leave the group once every rank is done: a rank destroying its groups while a peer
-    still has gloo traffic in flight can abort in C++ ("terminate called ...")."""
+    still has gloo traffic in flight can abort in C++ ("terminate called ...").
+
+    Garbage is collected before the groups go: a reference cycle still holding a tensor or a
+    gloo work would otherwise be freed during interpreter finalization, where releasing it
+    from a C++ thread aborts the process."""
+    import gc
+
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.barrier()
+    gc.collect()
     _dist.teardown()
