@@ -105,21 +105,49 @@ def counter():
     return Counter()
 
 
-def ledger_beside_counter(rank: int, configs: list[tuple[str, str, dict]]) -> dict:
-    """{label: {"ledger": [(kind, bytes, group)], "counter": [...], "counts": {op: n}}}: one
-    training step per plan on this rank, the comm ledger on (as every step) inside the counter."""
+def _local_weights(par) -> list:
+    return [(p.to_local() if hasattr(p, "to_local") else p).detach().clone() for p in par.parameters()]
+
+
+def _one_step(spec, plan: Plan, rank: int, traced: bool, mode=None):
+    """(StepRecord, local weights after it) of one training step from the seeded start."""
+    import contextlib
+
+    from interactive_parallel.runtime import probes
     from interactive_parallel.runtime.layout.parallelize import parallelize
     from interactive_parallel.runtime.rank import state
     from interactive_parallel.runtime.training.train import make_optimizer, train_step
 
+    before = probes.set_tracing(traced)
+    try:
+        par = parallelize(spec, plan)
+        opt = make_optimizer(par)
+        with mode if mode is not None else contextlib.nullcontext():
+            rec = train_step(par, opt, 0, rank=rank)
+        weights = _local_weights(par)
+    finally:
+        probes.set_tracing(before)
+        state.get().reset_model()
+    return rec, weights
+
+
+def ledger_beside_counter(rank: int, configs: list[tuple[str, str, dict]]) -> dict:
+    """{label: {"ledger": [(kind, bytes, group)], "counter": [...], "counts": {op: n}, "causes":
+    [CommRecord as a dict], "same_numbers": bool}}: one training step per plan on this rank, the
+    comm ledger on (as every step) and tracing its causes, inside the counter; then the same
+    step untraced, outside it: its loss and the weights after it must be bitwise the same."""
+    import torch
+
     out = {}
     for label, preset, fields in configs:
-        par = parallelize(as_spec(preset), Plan(**fields))
-        opt = make_optimizer(par)
+        spec, plan = as_spec(preset), Plan(**fields)
         mode = counter()
-        with mode:
-            rec = train_step(par, opt, 0, rank=rank)
+        rec, weights = _one_step(spec, plan, rank, traced=True, mode=mode)
+        plain, plain_weights = _one_step(spec, plan, rank, traced=False)
+        same = (rec.loss == plain.loss or (rec.loss != rec.loss and plain.loss != plain.loss)) and \
+            len(weights) == len(plain_weights) and all(torch.equal(a, b) for a, b in zip(weights, plain_weights))
         out[label] = {"ledger": [(c.op, c.bytes, tuple(c.group)) for c in rec.comms], "counter": mode.seen,
-                      "counts": {str(k): v for k, v in mode.get_comm_counts().items()}}
-        state.get().reset_model()
+                      "counts": {str(k): v for k, v in mode.get_comm_counts().items()},
+                      "causes": [c.to_dict() for c in rec.comms], "untraced": [c.to_dict() for c in plain.comms],
+                      "same_numbers": same}
     return out

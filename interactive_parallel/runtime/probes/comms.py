@@ -37,6 +37,7 @@ and gives a length, not a place in time.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -112,6 +113,9 @@ def _kernel(op, short: str, functional: bool):
         else:
             pg = dist.ProcessGroup.unbox(bound["process_group"])
         rec = ledger.note(short, kind, bound, pg)
+        if ledger.tracer is not None:  # what caused it (probes/causes.py), read off this stack
+            p2p = tensors_of(bound.get("tensors")) if kind in ("send", "recv") else []
+            ledger.tracer.annotate(rec, kind, p2p, sys._getframe())
         _NESTED.depth = 1
         try:
             out = op.redispatch(keyset & after, *args, **kwargs)
@@ -233,11 +237,13 @@ class expect_device:
 
 
 class recording:
-    """`with recording(rank, step, plan, clock) as ledger:` ... `ledger.records` after the block
-    (their times resolved when it ends)."""
+    """`with recording(rank, step, plan, clock, tracer) as ledger:` ... `ledger.records` after the
+    block (their times resolved when it ends; their causes filled by `tracer` when given:
+    probes/causes.py)."""
 
-    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None):
+    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None, tracer=None):
         self.ledger = Ledger(rank, step, plan, clock)
+        self.ledger.tracer = tracer
 
     def __enter__(self) -> Ledger:
         install()
