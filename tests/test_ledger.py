@@ -35,19 +35,26 @@ from test_parallel_parity import ALL, CONFIGS_2, CONFIGS_4
 
 pytestmark = pytest.mark.multirank
 
+EP = ("mixtral-dp2-ep2", "mixtral", dict(dp=2, ep=2, batch_size=8, seq_len=16))
+"""Expert parallelism beside the parity plans: transformers' all-to-all dispatch and combine (tests/moe_workers.py's
+tiny Mixtral)."""
+
 
 @pytest.fixture(scope="module")
 def beside() -> dict:
-    """{label: {rank: {"ledger": [...], "counter": [...], "counts": {...}}}} of every parity plan."""
+    """{label: {rank: {"ledger": [...], "counter": [...], "counts": {...}}}} of every parity plan (and EP)."""
+    import moe_workers as M
+
     out: dict = {}
-    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
+    ep = (EP[0], M.spec_of(EP[1]), EP[2])
+    for world, configs in ((2, CONFIGS_2 + [ep]), (4, CONFIGS_4)):
         for rank, recs in enumerate(run_ranks(L.ledger_beside_counter, world, configs, timeout_s=600)):
             for label, value in recs.items():
                 out.setdefault(label, {})[rank] = value
     return out
 
 
-@pytest.mark.parametrize("label", list(ALL))
+@pytest.mark.parametrize("label", list(ALL) + [EP[0]])
 def test_the_ledger_records_what_commdebugmode_counts(beside, label):
     for rank, got in beside[label].items():
         ledger, seen = collections.Counter(got["ledger"]), collections.Counter(got["counter"])
@@ -79,7 +86,7 @@ def _traced(beside, label: str, rank: int = 0) -> list[CommRecord]:
     return [CommRecord.from_dict(d) for d in beside[label][rank]["causes"]]
 
 
-@pytest.mark.parametrize("label", list(ALL))
+@pytest.mark.parametrize("label", list(ALL) + [EP[0]])
 def test_every_collective_has_a_cause_and_tracing_changes_no_number(beside, label):
     for rank, got in beside[label].items():
         assert got["same_numbers"], (rank, "a traced step's loss or weights differ from the untraced one's")
@@ -175,3 +182,13 @@ def test_pipeline_hops_name_their_stages(beside, label):
             a, b = map(int, c.module.removeprefix("pipeline stage ").split(" -> "))
             assert abs(a - b) == 1 and (a if c.op == "send" else b) in mine, (rank, c)
             assert (c.needed_by, c.phase) == (("activations", "forward") if b > a else ("gradients", "backward")), c
+
+
+def test_expert_parallel_all_to_alls_name_their_layer(beside):
+    """transformers' AllToAllEP exchanges counts then tokens (dispatch) and brings them back
+    (combine) per MoE layer; backward runs the two token all-to-alls' autograd formula in the experts."""
+    recs = [c for c in _traced(beside, EP[0]) if c.op == "all_to_all"]
+    fwd = [(c.module, c.needed_by) for c in recs if c.phase == "forward"]
+    assert fwd == [(f"ep {what} layer {i}", what) for i in range(4) for what in ("dispatch", "dispatch", "combine")]
+    bwd = [(c.module, c.needed_by) for c in recs if c.phase == "backward"]
+    assert bwd == [(f"model.layers.{i}.mlp.experts", "all_to_all_single (backward)") for i in (3, 2, 1, 0) for _ in "ab"]

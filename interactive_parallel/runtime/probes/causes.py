@@ -7,8 +7,8 @@ the issuing call, so nothing runs per aten op:
 - module: the innermost `nn.Module._call_impl` frame (a module's forward and its hooks: a TP
   style's redistribute runs in its linear's forward hook), named by its path in the model
   (`model.layers.3.self_attn.o_proj`; the root by its class). In backward no module frame exists:
-  there it is the module whose output's gradient node the autograd engine ran last (a node
-  pre-hook put there by a forward hook on every module: `instrument`). A wrapper's collective
+  there it is the module whose gradient the engine is computing (probes/modules.py's hooks),
+  and nothing outside the engine counts (what called backward did not issue it). A wrapper's collective
   names the wrapper instead: FSDP2's parameter group (`fsdp unit model.layers.3`, `replicate
   unit ...` for torch's FSDP2-based replicate), DDP's comm hook and its GradBucket (`ddp bucket
   2`), transformers' expert-parallel dispatch or combine (`ep dispatch layer 5`), a pipeline
@@ -26,11 +26,9 @@ the issuing call, so nothing runs per aten op:
   torch's DebugMode records (its `is_explicit`), here without a dispatch mode.
 - phase: forward, backward (the autograd engine is running: recomputation included) or
   optimizer.
-Why not torch's own trackers: ModTracker (CommDebugMode's module tracker) hangs
-register_multi_grad_hook on every module's inputs, and torch.autograd.grad then refuses a
-pipeline stage's leaf input (the zero-bubble schedules' split backward fails); DebugMode is a
-TorchDispatchMode, which runs Python for every aten op of the step (bench/bench_probes.py
-measures what this tracing costs instead). Knows nothing of how ops are seen (probes/comms.py)
+Why not torch's own trackers: ModTracker (CommDebugMode's module tracker) breaks the zero-bubble
+pipeline schedules (probes/modules.py); DebugMode is a TorchDispatchMode, which runs Python for
+every aten op of the step (bench/bench_probes.py measures what this tracing costs instead). Knows nothing of how ops are seen (probes/comms.py)
 or recorded (probes/ledger.py); reads torch's internals by their names (torch 2.13), and a
 frame it does not know is passed over (a cause left empty, never an error).
 """
@@ -38,24 +36,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import weakref
+import re
 from types import CodeType
 from typing import Any
 
 import torch
 from torch import nn
 
+from .modules import ACTIVE, NAMES, instrument
+
 ENABLED = [True]
-_ACTIVE: list["Tracer"] = []
-_NAMES: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
 
 # What a frame is, by its code object (classified once per code object: `_role`).
-CALL, REDIS, IMPLICIT, EXPLICIT_FWD, EXPLICIT_BWD, FROM_LOCAL_BWD, OPCALL, FSDP, DDP, EP, PIPE, OPTIM, OWN = range(13)
+CALL, REDIS, IMPLICIT, EXPLICIT_FWD, EXPLICIT_BWD, FROM_LOCAL_BWD, OPCALL, FSDP, DDP, EP, PIPE, OPTIM, OWN, ENGINE = \
+    range(14)
 _ROLES: dict[CodeType, int | None] = {}
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 _TENSOR = os.path.join(_TORCH, "distributed", "tensor") + os.sep
 _RUNTIME = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_PROBES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_NOT_OWN = tuple(_RUNTIME + d + os.sep for d in ("probes", "client"))
+"""The runtime's own frames that issue nothing: the probes, and the dry run's machinery around a step."""
 _NAMED = {"redistribute_local_tensor": REDIS, "OpDispatcher.redistribute_local_args": IMPLICIT,
           "Redistribute.forward": EXPLICIT_FWD, "Redistribute.backward": EXPLICIT_BWD,
           "NestedRedistribute.forward": EXPLICIT_BWD, "_FromTorchTensor.backward": FROM_LOCAL_BWD}
@@ -72,6 +72,8 @@ def _role(code: CodeType) -> int | None:
     role = None
     if qual == "Module._call_impl" and path.endswith(os.path.join("nn", "modules", "module.py")):
         role = CALL
+    elif qual == "_engine_run_backward" and path.endswith(os.path.join("autograd", "graph.py")):
+        role = ENGINE
     elif path.startswith(_TENSOR):
         role = _NAMED.get(qual, OPCALL if "op_call" in code.co_varnames else None)
     elif "_fully_shard" in path and qual.startswith("FSDPParamGroup."):
@@ -84,7 +86,7 @@ def _role(code: CodeType) -> int | None:
         role = PIPE
     elif path.startswith(os.path.join(_TORCH, "optim")):
         role = OPTIM
-    elif path.startswith(_RUNTIME) and not path.startswith(_PROBES):
+    elif path.startswith(_RUNTIME) and not path.startswith(_NOT_OWN):
         role = OWN
     _ROLES[code] = role
     return role
@@ -116,6 +118,13 @@ def _placements(local: dict) -> str:
     return f"{_short(current)} -> {_short(target)} on {names[i] if i < len(names) else i}"
 
 
+def _node_name(name: str) -> str:
+    """An autograd node's name as the op it differentiates: GeneratedBackwardFor__c10d_functional_
+    all_to_all_single_defaultBackward -> all_to_all_single (backward)."""
+    op = re.sub(r"^GeneratedBackwardFor__?(c10d_functional_)?|(_default)?Backward\d*$", "", name)
+    return f"{op} (backward)"
+
+
 class Cause:
     """What one walk of the stack found (innermost first for each field)."""
 
@@ -133,6 +142,8 @@ def read(frame) -> Cause:
     f = frame
     while f is not None:
         role = _role(f.f_code)
+        if role == ENGINE:
+            break  # what called backward did not issue it: the autograd engine ran it
         if role is not None:
             _take(c, role, f)
         f = f.f_back
@@ -143,7 +154,7 @@ def _take(c: Cause, role: int, f) -> None:  # noqa: C901 - one branch per role
     if role == CALL:
         if not c.module:
             owner = f.f_locals.get("self")
-            c.module = _NAMES.get(owner, "") if isinstance(owner, nn.Module) else ""
+            c.module = NAMES.get(owner, "") if isinstance(owner, nn.Module) else ""
     elif role == REDIS:
         c.redistribute = True
         if not c.placements:
@@ -170,7 +181,7 @@ def _take(c: Cause, role: int, f) -> None:  # noqa: C901 - one branch per role
         owner = f.f_locals.get("self")
         if not c.wrapper and owner is not None:
             what = "combine" if f.f_code.co_name == "_combine_tokens" else "dispatch"
-            c.wrapper, c.wrapper_op = f"ep {what} layer {getattr(owner, 'layer', '?')}", f.f_code.co_name.strip("_")
+            c.wrapper, c.wrapper_op = f"ep {what} layer {getattr(owner, 'layer', '?')}", what
     elif role == PIPE:
         if not c.module and not c.wrapper:  # a schedule around a stage's forward is not the issuer
             c.wrapper, c.wrapper_op = "pipeline", f.f_code.co_name.strip("_")
@@ -185,7 +196,7 @@ def _fsdp(c: Cause, f) -> None:
     if c.wrapper.startswith(("fsdp", "replicate")) or group is None:
         return
     modules = getattr(group, "modules", ()) or ()
-    name = _NAMES.get(modules[0], "") if modules else ""
+    name = NAMES.get(modules[0], "") if modules else ""
     name = name or getattr(group, "_module_fqn", "") or ""
     kind = "replicate" if type(getattr(group, "mesh_info", None)).__name__ == "DDPMeshInfo" else "fsdp"
     c.wrapper, c.wrapper_op = f"{kind} unit {name}".rstrip(), f.f_code.co_name
@@ -215,8 +226,11 @@ class Tracer:
         if kind in ("send", "recv") and tensors and id(tensors[0]) in self.p2p:
             module, needed, _ = self.p2p[id(tensors[0])]
             phase = "backward" if needed == "gradients" else "forward"
-        if not module and in_backward:
+        if in_backward and not module:
             module = self.backward_module
+        if in_backward and not needed:  # a C++ autograd formula's collective: its node names it
+            node = torch._C._current_autograd_node()
+            needed = _node_name(node.name()) if node is not None else ""
         rec.module, rec.needed_by, rec.phase = module, needed, phase
         if c.redistribute:
             rec.placements, rec.implicit = c.placements, c.implicit
@@ -225,7 +239,7 @@ class Tracer:
 @contextlib.contextmanager
 def phase(name: str):
     """Collectives issued inside are in phase `name` (the runtime's gradient sync after backward)."""
-    tracer = _ACTIVE[-1] if _ACTIVE else None
+    tracer = ACTIVE[-1] if ACTIVE else None
     if tracer is None:
         yield
         return
@@ -246,131 +260,10 @@ class tracing:
 
     def __enter__(self) -> "Tracer | None":
         if self.tracer is not None:
-            _ACTIVE.append(self.tracer)
+            ACTIVE.append(self.tracer)
         return self.tracer
 
     def __exit__(self, *exc) -> None:
         if self.tracer is not None:
-            _ACTIVE.remove(self.tracer)
+            ACTIVE.remove(self.tracer)
             self.tracer.p2p.clear()
-
-
-# ---------------------------------------------------------------- instrumenting a layout, once
-
-def instrument(par) -> None:
-    """Name every module of the layout and hook its forward (once per module; the hooks pass
-    straight through while no step is traced), and tag its pipeline stages' p2p ops."""
-    stages = getattr(par, "stages", None) or []
-    roots = [par.raw] + [s for s in stages if s not in _NAMES]
-    if getattr(par, "cp_model", None) is not None:
-        roots.append(par.cp_model)
-    for root in roots:
-        if getattr(root, "_ip_causes", False):
-            continue
-        top = _root_name(par, root)
-        ranks = {"": top}  # path in root -> the name of the nearest module that runs (not a container)
-        for path, module in root.named_modules():
-            parent = ranks[path.rsplit(".", 1)[0] if "." in path else ""] if path else ""
-            name = _NAMES.get(module) or (path if path else top)
-            ranks[path] = parent if isinstance(module, (nn.ModuleList, nn.ModuleDict)) else name
-            if module not in _NAMES:
-                _NAMES[module] = name
-                _hooks(module, name, parent)
-        root._ip_causes = True
-    if getattr(par, "schedule", None) is not None:
-        from .pipeline import schedule_stages
-
-        for stage in schedule_stages(par.schedule):
-            _tag_stage(stage)
-
-
-def _root_name(par, root: nn.Module) -> str:
-    """The model by its class, as transformers names it (FSDP2 and replicate subclass it: FSDPLlama...;
-    a StageModule over all of it too, under context parallel); a pipeline stage's own module by
-    its index."""
-    index = getattr(root, "stage_index", None)
-    if root is not par.raw and index is not None and getattr(par, "stages", None):
-        return f"stage {index}"
-    return next(c for c in type(par.raw).__mro__ if not c.__module__.startswith("torch.")).__name__
-
-
-def _tensors(out: Any, depth: int = 0) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if depth > 2:
-        return []
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for x in out for t in _tensors(x, depth + 1)]
-    return []
-
-
-def _hooks(module: nn.Module, name: str, parent: str) -> None:
-    """Around a module's forward: its inputs' gradients leave it for `parent` in backward (tensor
-    hooks on the inputs as given, before any pre-hook of its own converts them: a TP style's
-    from_local backward is still the module's), its output's gradient node enters it (a pre-hook
-    on the node of the output as returned, after its own hooks: a TP style's redistribute
-    backward is the module's)."""
-    def entered(_grads):
-        if _ACTIVE:
-            _ACTIVE[-1].backward_module = name
-
-    def left(_grad):
-        if _ACTIVE:
-            _ACTIVE[-1].backward_module = parent
-
-    def traced() -> bool:
-        return not torch.compiler.is_compiling() and bool(_ACTIVE) and torch.is_grad_enabled()
-
-    def pre(_module, args, kwargs):
-        if not traced():
-            return
-        if torch._C._current_graph_task_id() == -1:
-            _ACTIVE[-1].backward_module = ""  # a forward: the last backward's module is over
-        for t in _tensors(args) + _tensors(kwargs):
-            if t.requires_grad:
-                t.register_hook(left)
-
-    def post(_module, _args, out):
-        if not traced():
-            return
-        for t in _tensors(out):
-            node = t.grad_fn
-            if node is None or "ip_module" in node.metadata:
-                continue  # an inner module's output: the innermost names it
-            node.metadata["ip_module"] = name
-            node.register_prehook(entered)
-
-    module.register_forward_pre_hook(pre, prepend=True, with_kwargs=True)
-    module.register_forward_hook(post)
-
-
-_P2P_METHODS = {"get_fwd_send_ops": (1, "activations"), "get_fwd_recv_ops": (-1, "activations"),
-                "get_bwd_send_ops": (-1, "gradients"), "get_bwd_recv_ops": (1, "gradients")}
-
-
-def _tag_stage(stage) -> None:
-    """Wrap a pipeline stage's get_*_ops once: each P2POp's tensor is named by the hop it makes."""
-    if getattr(stage, "_ip_causes", False):
-        return
-    for method, (step, what) in _P2P_METHODS.items():
-        orig = getattr(stage, method, None)
-        if orig is not None:
-            setattr(stage, method, _tagging(stage, orig, step, what, method.endswith("send_ops")))
-    stage._ip_causes = True
-
-
-def _tagging(stage, orig, step: int, what: str, sends: bool):
-    def tagged(*args, **kwargs):
-        ops = orig(*args, **kwargs)
-        if _ACTIVE:
-            s = stage.stage_index
-            a, b = (s, s + step) if sends else (s + step, s)
-            for op in ops or ():
-                t = getattr(op, "tensor", None)
-                if isinstance(t, torch.Tensor):
-                    _ACTIVE[-1].p2p[id(t)] = (f"pipeline stage {a} -> {b}", what, t)
-        return ops
-
-    return tagged
