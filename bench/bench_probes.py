@@ -1,8 +1,10 @@
-"""Cost of the per-step probes and of the collective debug mode, on spawned gloo ranks.
+"""Cost of the per-step probes, of tracing the collectives' causes and of the collective debug
+mode, on spawned gloo ranks.
 
-Prints a table: median step time of tiny-llama with probes on vs off (steps interleaved
-on/off so load drift hits both alike), and with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for
-a tiny all_reduce and a step. Run: .venv/bin/python bench/bench_probes.py [--ranks 4]
+Prints a table: median step time of tiny-llama with probes on vs off, and with the probes on,
+tracing (runtime/probes/causes.py) off vs on (steps interleaved on/off so load drift hits both
+alike), and with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for a tiny all_reduce and a step.
+Run: .venv/bin/python bench/bench_probes.py [--ranks 4]
 Knows nothing of pytest; uses tests/mp_harness.py to start the ranks.
 """
 from __future__ import annotations
@@ -15,9 +17,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 PLANS = [dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2), dict(dp=2, pp=2)]
+TRACED = PLANS + [dict(dp=2, tp=2, sequence_parallel=True, loss_parallel=True)]
 
 
-def _steps(rank: int, fields: dict, n: int, toggle: bool) -> dict:
+def _steps(rank: int, fields: dict, n: int, toggle: bool, switch: str = "probes") -> dict:
     import torch.distributed as dist
 
     from interactive_parallel.plan import PRESETS, Plan
@@ -30,14 +33,15 @@ def _steps(rank: int, fields: dict, n: int, toggle: bool) -> dict:
     for s in range(3):
         train_step(par, opt, s, rank=rank)
     times: dict[str, list[float]] = {"on": [], "off": []}
+    flip = probes.set_enabled if switch == "probes" else probes.set_tracing  # tracing: with the probes on
     for s in range(3, 3 + n):
         on = s % 2 == 0 if toggle else True
-        probes.set_enabled(on)
+        flip(on)
         dist.barrier()
         t = time.perf_counter()
         train_step(par, opt, s, rank=rank)
         times["on" if on else "off"].append(time.perf_counter() - t)
-    probes.set_enabled(True)
+    flip(True)
     return {k: statistics.median(v) for k, v in times.items() if v}
 
 
@@ -68,6 +72,11 @@ def main() -> None:
         t = max(run_ranks(_steps, args.ranks, fields, args.steps, True), key=lambda d: d["on"])
         label = ",".join(f"{k}={v}" for k, v in fields.items())
         rows.append((f"step {label}: probes off / on", t["off"], t["on"]))
+    for fields in TRACED:
+        t = max(run_ranks(_steps, args.ranks, fields, args.steps, True, "tracing"), key=lambda d: d["on"])
+        label = ",".join(f"{k}={v}" for k, v in fields.items()).replace("sequence_parallel=True", "sp") \
+            .replace("loss_parallel=True", "lp")
+        rows.append((f"step {label}: tracing off / on", t["off"], t["on"]))
     for debug in ("OFF", "DETAIL"):
         os.environ["TORCH_DISTRIBUTED_DEBUG"] = debug
         ar = max(run_ranks(_all_reduce, args.ranks, 200))

@@ -2,8 +2,8 @@
 and torch's fake process group, in this process.
 
 Oracles: a live run of the same plan on spawned gloo ranks (memory exactly; the same
-collectives with the same bytes, dtypes, axes, groups and peers; the same layout), for every
-parity plan of tests/test_parallel_parity.py; and the dry run that simulates every rank
+collectives with the same bytes, dtypes, axes, groups and peers, and the same causes; the same
+layout), for every parity plan of tests/test_parallel_parity.py; and the dry run that simulates every rank
 against the one that simulates one rank per class and moves the records (equal). Bad input
 is refused with its numbers before any process group exists.
 """
@@ -21,7 +21,8 @@ from conftest import parity_plan_params
 
 
 def _comm_key(c: CommRecord) -> tuple:
-    return (c.op, c.bytes, c.dtype, c.axis, tuple(c.group), c.peer)
+    return (c.op, c.bytes, c.dtype, c.axis, tuple(c.group), c.peer, c.module, c.needed_by, c.placements, c.implicit,
+            c.phase)
 
 
 def _per_rank(comms) -> dict[int, collections.Counter]:

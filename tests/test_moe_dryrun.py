@@ -41,7 +41,8 @@ def _tokens_moved(c: CommRecord) -> bool:
 
 
 def _comm_key(c: CommRecord) -> tuple:
-    return (c.op, None if _tokens_moved(c) else c.bytes, c.dtype, c.axis, tuple(c.group), c.peer)
+    return (c.op, None if _tokens_moved(c) else c.bytes, c.dtype, c.axis, tuple(c.group), c.peer, c.module,
+            c.needed_by, c.placements, c.implicit, c.phase)
 
 
 def _shard_key(s: ShardRecord) -> tuple:

@@ -78,7 +78,8 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
     'full', CP's gathers under both modes. Sequence parallel is not modelled (its traffic is
     counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
-    all-reduce and the split head's input-gradient all-reduce. Expert parallelism: see _expert_comms.
+    all-reduce, the split head's input-gradient all-reduce and its cross-entropy's three
+    per-token all-reduces. Expert parallelism: see _expert_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = plan.batch_size // plan.data_parallel // plan.grad_accum  # one micro-step's rows on this rank
@@ -128,14 +129,19 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     rowwise = sum(1 for s in styles if s.reduces_output)
     per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.reduces_input_grad)
     # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
-    # colwise head's input gradient (backward, last stage), once per microbatch. (torch's
-    # loss_parallel also all-reduces a [tokens] max and sum, through functional collectives
-    # the comm ledger does not see: left out, as it leaves them out.)
+    # colwise head's input gradient (backward, last stage), once per microbatch; and torch's
+    # loss_parallel cross-entropy on the last stage all-reduces three fp32 values per token
+    # (the logits' max, the sum of their exponentials, the target's logit) inside DTensor's
+    # dispatch, which the comm ledger sees too (runtime/probes/comms.py).
     stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
-    ends = (0 in stages) + (plan.n_stages - 1 in stages or plan.pp == 1) if plan.loss_parallel else 0
+    last = plan.loss_parallel and (plan.n_stages - 1 in stages or plan.pp == 1)
+    ends = (0 in stages) + last if plan.loss_parallel else 0
     m = plan.n_microbatches if plan.pp > 1 else 1
     acc = plan.grad_accum
-    return [("all_reduce", "tp", (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act)]
+    calls, nbytes = (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act
+    if last:
+        calls, nbytes = calls + 3 * m * acc, nbytes + 3 * acc * act // spec.hidden_size
+    return [("all_reduce", "tp", calls, nbytes)]
 
 
 def _pp_comms(plan: Plan, coords: dict[MeshAxis, int], act: int) -> Comms:

@@ -66,6 +66,24 @@ class CommRecord(Record):
     start: float = 0.0
     """time.time() on the rank's host (Session.comms/timeline move it onto the client's clock)."""
     end: float = 0.0
+    module: str = ""
+    """What issued it: a module's path in the model (`model.layers.3.self_attn.o_proj`; the root
+    by its class), or a wrapper's unit (`fsdp unit model.layers.3`, `replicate unit ...`, `ddp
+    bucket 2`, `pipeline stage 1 -> 2`, `ep dispatch layer 5`); in backward, the module whose
+    gradient was being computed. Empty: outside any module, or not traced."""
+    needed_by: str = ""
+    """The op that needed it: the aten op DTensor was running (`aten.mm`, `aten.nll_loss_forward`),
+    `redistribute` (an explicit `.redistribute()`, a TP style's), `redistribute (backward)`,
+    `from_local (backward)`, a wrapper's action (`unshard`, `post_backward`, `bucket
+    all-reduce`, `activations`, `gradients`), or the runtime's function (`cp.cp_attention`)."""
+    placements: str = ""
+    """A DTensor redistribute's placements before and after on the mesh dim it changes
+    (`S(0) -> R on tp`); empty for any other collective."""
+    implicit: bool | None = None
+    """A redistribute's: True when DTensor's sharding propagation chose it (a placement mismatch
+    at `needed_by`), False when code asked for it; None for any other collective."""
+    phase: str = ""
+    """forward, backward (recomputation included) or optimizer."""
 
 
 @dataclass

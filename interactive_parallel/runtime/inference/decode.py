@@ -43,8 +43,8 @@ PAD_ID = 0
 def decoding(par: Parallelized):
     """The grad mode decoding runs in: torch's inference mode where a forward issues no
     collective (one rank, plain data parallel; measured: a tiny-llama decoding step 1.35 ->
-    1.17 ms on one rank), no_grad elsewhere: the comm ledger sees collectives through the
-    Autograd dispatch keys, which inference tensors skip, and FSDP2's unshard refuses
+    1.17 ms on one rank), no_grad elsewhere: the comm ledger passes over collectives issued in
+    inference mode (runtime/probes/comms.py), and FSDP2's unshard refuses
     inference mode (the unsharded parameters it makes are kept for later training). Under
     Plan(compile=True) the blocks run eagerly here (runtime.parallel.compile.eager_blocks: a
     decoding step's cache length changes every step, and compiling it was measured no faster)."""

@@ -1,7 +1,9 @@
-"""Probes of a training step on this rank: memory, comm ledger, compute intervals, layout.
+"""Probes of a training step on this rank: memory, comm ledger (each collective with its cause),
+compute intervals, layout.
 
-Owns switching them on and off (on by default: together they cost a few percent of a
-tiny-llama step, see bench/bench_probes.py) and the one entry point train_step uses:
+Owns switching them on and off (on by default: together, the causes' tracing included, 7-25 %
+of a tiny-llama step on CPU, where each Python call shows; the tracing alone 4-14 %, about
+50 us per module call: bench/bench_probes.py) and the one entry point train_step uses:
 
     with probes.step(par, optimizer, step, rank) as p:
         ...the step...
@@ -9,7 +11,8 @@ tiny-llama step, see bench/bench_probes.py) and the one entry point train_step u
 
 The comm ledger and the compute intervals share one clock per step (probes/clock.py: the
 host's on CPU, the device's on CUDA), so their times line up; its marks are resolved to
-host time when the step ends.
+host time when the step ends. Each collective's cause (module, op, placements: probes/causes.py)
+is traced with the probes on, unless `set_tracing(False)` (its cost: bench/bench_probes.py).
 
 Knows nothing of the client or of how records travel; each submodule says what it
 measures and what it does not know.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import contextlib
 
 from ...records import CommRecord, MemoryRecord, PipelineEvent
-from . import clock, comms, memory, pipeline
+from . import causes, clock, comms, memory, pipeline
 from .layout import shard_records
 
 ENABLED = [True]
@@ -31,12 +34,18 @@ ENABLED = [True]
 # comm ledger and compute intervals are recorded on every step.
 MEASURE_EVERY = 10
 
-__all__ = ["ENABLED", "set_enabled", "step", "StepProbe", "shard_records"]
+__all__ = ["ENABLED", "set_enabled", "set_tracing", "step", "StepProbe", "shard_records"]
 
 
 def set_enabled(flag: bool) -> bool:
     ENABLED[0] = bool(flag)
     return ENABLED[0]
+
+
+def set_tracing(flag: bool) -> bool:
+    """Whether a probed step's collectives get their causes (probes/causes.py; on by default)."""
+    causes.ENABLED[0] = bool(flag)
+    return causes.ENABLED[0]
 
 
 class StepProbe:
@@ -111,7 +120,8 @@ def step(par, optimizer, step_index: int, rank: int):
             peak = memory.DevicePeak(par.device)
     clk = clock.for_device(par.device)
     try:
-        with comms.recording(rank, step_index, par.plan, clk) as ledger, comms.expect_device(par.device), \
+        with causes.tracing(par) as tracer, comms.recording(rank, step_index, par.plan, clk, tracer) as ledger, \
+                comms.expect_device(par.device), \
                 pipeline.recording(rank, step_index, clk) as events, \
                 act if act is not None else contextlib.nullcontext(), \
                 peak if peak is not None else contextlib.nullcontext():

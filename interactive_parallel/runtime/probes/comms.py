@@ -1,34 +1,43 @@
 """The comm probe: every collective and point-to-point op this rank issues, seen as it is issued
 and handed to the step's comm ledger (probes/ledger.py), which records it as a CommRecord.
 
-Owns how ops are seen, and when they are seen finished. Each `c10d::*` op (ProcessGroup calls: DDP's bucket
-all-reduce from its C++ Reducer, FSDP2, pipeline send/recv, plain torch.distributed) and
-each `_c10d_functional::*` op (DTensor / TP) is given a Python kernel at the Autograd
-dispatch keys (AutogradCPU, AutogradCUDA; the functional ops, which carry autograd formulas of
-their own, one key lower, at ADInplaceOrView) that notes the op and redispatches to the real
-one. Why there and not a TorchDispatchMode: a mode sees every aten op of the step in
-Python (a step then runs several times slower), these kernels run only for communication.
-Why not monkeypatching torch.distributed: FSDP2 and DTensor call lower layers directly.
-DDP's Reducer calls `c10d::allreduce_` through the dispatcher too, so its buckets are
-seen here as they are: one all_reduce per bucket, its bytes the bucket's (the sum over a
-step's buckets is the gradient bytes); no comm hook is needed. What each op is recorded as (its
-bytes, group, axis, start and end) is the step's Ledger's (probes/ledger.py).
+Owns how ops are seen, and when they are seen finished. Each `c10d::*` op (ProcessGroup calls: DDP's
+bucket all-reduce from its C++ Reducer, FSDP2, pipeline send/recv, plain torch.distributed) and
+each `_c10d_functional::*` op (DTensor / TP, loss_parallel, funcol) is given a Python kernel at
+the BackendSelect dispatch key, the last key before the backend's own kernel, that notes the op
+and redispatches to the real one. Every call of an op passes there: one issued inside DTensor's
+own dispatch (an implicit redistribute its sharding propagation chose, loss_parallel's
+cross-entropy all-reduces, a Partial placement's reduction) runs with the Autograd and
+ADInplaceOrView keys excluded (DTensor dispatches below autograd), and so did a DTensor
+backward's; a kernel there saw none of them. Under FakeTensorMode (the dry run) the fake
+kernel is reached through BackendSelect too. Each op is seen once: while a noted op runs (a
+functional collective calls its ProcessGroup through `c10d::*`), nested ops pass through.
+Ops issued under `torch.inference_mode()` pass through unseen, as they always did (the loop's
+stop vote, a silent decoding step). Why not a TorchDispatchMode (torch's CommDebugMode is one):
+a mode sees every aten op of the step in Python (a step then runs several times slower); these
+kernels run only for communication. Why not monkeypatching torch.distributed: FSDP2 and DTensor
+call lower layers directly. DDP's Reducer calls `c10d::allreduce_` through the dispatcher too,
+so its buckets are seen here as they are: one all_reduce per bucket, its bytes the bucket's (the
+sum over a step's buckets is the gradient bytes); no comm hook is needed. What each op is
+recorded as (its bytes, group, axis, start and end) is the step's Ledger's (probes/ledger.py);
+what caused it, the step's tracer's when one is on (probes/causes.py).
 
 Device check: inside `expect_device(device)` (every probed step is) a tensor handed to a
 collective or p2p op on another device type raises, naming the op and both devices. An
 NCCL group rejects a CPU tensor, but gloo takes tensors of any device, so on the CPU
 path this is what catches a tensor built without the group's device; tests run code with
-the default device switched to meta to make such tensors show (the kernels are also
-registered for meta tensors, which reach the dispatcher under AutogradMeta).
+the default device switched to meta to make such tensors show (meta tensors reach the
+dispatcher's BackendSelect key as any other).
 
-Does not know: ops on inference-mode tensors (they skip the Autograd keys), wire bytes of
-an algorithm (ring vs tree), time spent on the wire versus waiting for a peer, or (CUDA)
-when an op's kernel started: an NCCL stream busy with an earlier op starts it later than
-`start`. NCCL's own kernel duration (Work._get_duration) is not read: it needs
-TORCH_NCCL_ENABLE_TIMING set for the whole process and gives a length, not a place in time.
+Does not know: ops issued in inference mode, wire bytes of an algorithm (ring vs tree), time
+spent on the wire versus waiting for a peer, or (CUDA) when an op's kernel started: an NCCL
+stream busy with an earlier op starts it later than `start`. NCCL's own kernel duration
+(Work._get_duration) is not read: it needs TORCH_NCCL_ENABLE_TIMING set for the whole process
+and gives a length, not a place in time.
 """
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -52,12 +61,9 @@ KINDS = {
     "all_to_all_single": "all_to_all", "barrier": "barrier", "monitored_barrier_": "barrier",
     "send": "send", "recv_": "recv", "recv_any_source_": "recv", "isend": "send", "irecv": "recv",
 }
-KEYS = ("AutogradCPU", "AutogradCUDA", "AutogradMeta")
-# The functional ops have autograd formulas of their own (torch.library.register_autograd at the
-# Autograd key): a kernel at AutogradCPU would hide them, and a collective's output would leave
-# the graph (transformers' expert all-to-all did). Their kernels sit one key lower, where the
-# autograd formula has already run.
-FUNCTIONAL_KEYS = ("ADInplaceOrView",)
+KEY = "BackendSelect"
+# Only the backend's kernels lie below BackendSelect: a noted op is redispatched to them.
+_BELOW = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
 
 _LOCK = threading.Lock()
 _ACTIVE: list[Ledger] = []
@@ -79,10 +85,12 @@ def _bind(op, args, kwargs) -> dict[str, Any]:
 
 def _kernel(op, short: str, functional: bool):
     kind = KINDS.get(short, short)
-    after = torch._C._after_ADInplaceOrView_keyset if functional else torch._C._after_autograd_keyset
+    after = _BELOW
 
     def kernel(keyset, *args, **kwargs):
         nested = getattr(_NESTED, "depth", 0)
+        if not nested and torch.is_inference_mode_enabled():
+            nested = 1  # not seen (the module docstring)
         if _EXPECTED and not nested and short != "wait_tensor":
             _check_device(kind, args, kwargs)
         if _BEFORE and not nested and short != "wait_tensor" and _BEFORE[0](kind):
@@ -105,6 +113,9 @@ def _kernel(op, short: str, functional: bool):
         else:
             pg = dist.ProcessGroup.unbox(bound["process_group"])
         rec = ledger.note(short, kind, bound, pg)
+        if ledger.tracer is not None:  # what caused it (probes/causes.py), read off this stack
+            p2p = tensors_of(bound.get("tensors")) if kind in ("send", "recv") else []
+            ledger.tracer.annotate(rec, kind, p2p, sys._getframe())
         _NESTED.depth = 1
         try:
             out = op.redispatch(keyset & after, *args, **kwargs)
@@ -149,6 +160,8 @@ def _skipped(op, args):
 
 
 def _check_device(kind: str, args, kwargs) -> None:
+    if torch._C._meta_in_tls_dispatch_include():
+        return  # FakeTensorMode running an op's meta kernel: its fake tensors read as meta here
     want = _EXPECTED[-1]
     for t in tensors_of(list(args) + list(kwargs.values())):
         if t.device.type != want.type:
@@ -194,8 +207,7 @@ def install() -> None:
                     op = getattr(getattr(packet, short, None), "default", None)
                     if op is None:
                         continue
-                    for key in (FUNCTIONAL_KEYS if functional else KEYS):
-                        lib.impl(short, _kernel(op, short, functional), key, with_keyset=True)
+                    lib.impl(short, _kernel(op, short, functional), KEY, with_keyset=True)
         except BaseException:
             while _LIBS:  # half a ledger would be a wrong one: none at all
                 _LIBS.pop()._destroy()
@@ -225,11 +237,13 @@ class expect_device:
 
 
 class recording:
-    """`with recording(rank, step, plan, clock) as ledger:` ... `ledger.records` after the block
-    (their times resolved when it ends)."""
+    """`with recording(rank, step, plan, clock, tracer) as ledger:` ... `ledger.records` after the
+    block (their times resolved when it ends; their causes filled by `tracer` when given:
+    probes/causes.py)."""
 
-    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None):
+    def __init__(self, rank: int, step: int, plan=None, clock: Clock | None = None, tracer=None):
         self.ledger = Ledger(rank, step, plan, clock)
+        self.ledger.tracer = tracer
 
     def __enter__(self) -> Ledger:
         install()

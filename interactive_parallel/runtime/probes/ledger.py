@@ -72,6 +72,7 @@ class Ledger:
         self._coalescing: list[int] = []  # where each open batch's records begin
         self._axes: dict[tuple[int, ...], str] = {}
         self._closed = False
+        self.tracer = None  # fills each record's cause (probes/causes.py), when the step is traced
 
     # -- naming ---------------------------------------------------------------------------
     def axis_of(self, ranks: tuple[int, ...], is_default: bool) -> str:

@@ -142,7 +142,10 @@ def forward_backward(par: Parallelized, batch: torch.Tensor, scaler=None) -> flo
                 loss = par.with_router_loss(token_loss(logits, mb[:, 1:]) / plan.grad_accum)
                 (scaler.scale(loss) if scaler else loss).backward()
         total += scalar(loss)
-    par.finish_grads()
+    from ..probes.causes import phase
+
+    with phase("backward"):  # the gradient sync that completes backward
+        par.finish_grads()
     return total
 
 
