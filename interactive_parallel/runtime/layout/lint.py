@@ -16,14 +16,15 @@ input differs (its own share of the batch or sequence).
 
 Why a static reading, and not one of the other two ways: torch's fake or local machinery
 running a step (the dry run does, runtime.client.dryrun) costs a traced forward and backward
-(0.4-5 s for a 4-layer model, measured) where this costs milliseconds and runs at every
-`apply`; and the faults named here are facts of the placements (a replicated weight fed
-sequence-split tokens, a fused split without its permutation) that a step would show only as
-numbers. `spmd-types` (the per-axis type checker on the package index) is not in the
-environment and is not added. The one collective a step issues that no module asked for, a
-norm's Partial gradient all-reduced by the optimizer's own ops (tests/test_ledger.py), is
-predicted here from the same placements; tests/test_lint.py holds that prediction to the dry
-run's implicit redistributes.
+(0.4-1.8 s a plan for the parity plans' 4-layer models, measured) where this costs about a
+millisecond and so runs at every `apply`; and the faults named here are facts of the placements
+(a replicated weight fed sequence-split tokens, a fused split without its permutation) that a
+step would show only as numbers. `spmd-types` (the per-axis type checker on the package index)
+is not in the environment and is not added. The one collective a step issues that no module
+asked for, a norm's Partial gradient all-reduced by the optimizer's own ops
+(tests/test_ledger.py), is predicted here from the same placements; tests/test_lint.py,
+test_dryrun.py and test_any_model.py hold that prediction to the dry run's implicit
+redistributes (every parity plan, every derived family's plans).
 
 What it cannot see: a module's input read from the facts is a model of the block (attention
 and MLP gather the sequence, a colwise linear splits its output), so a model whose forward
