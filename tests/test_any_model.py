@@ -219,6 +219,7 @@ DRY = WHOLE
 def test_a_dry_run_of_a_derived_family_records_what_its_live_run_did(results, model_type, label):
     """Rank 0's first step, memory and comm ledger, byte for byte, as the presets' (test_dryrun.py)."""
     from test_dryrun import _per_rank
+    from test_lint import assert_implicit_redistributes_predicted
 
     from interactive_parallel import Plan, dry_run
 
@@ -228,6 +229,10 @@ def test_a_dry_run_of_a_derived_family_records_what_its_live_run_did(results, mo
     assert (dry.params, dry.grads, dry.optimizer, dry.activations) == \
         (live.params, live.grads, live.optimizer, live.activations)
     assert _per_rank(d.comms(0)).get(0, {}) == _per_rank(got["comms"]).get(0, {})
+    # The layout lint on the same layout: nothing wrong on a plan whose parity holds, and the
+    # implicit all-reduces it predicts (per-head and sequence-parallel norms) are the ledger's.
+    assert [f for f in d.lint() if f.severity == "wrong"] == []
+    assert_implicit_redistributes_predicted(d)
 
 
 @pytest.mark.rank1

@@ -18,6 +18,7 @@ from interactive_parallel import Plan, PlanError
 from interactive_parallel.plan import PRESETS, UnknownModelError
 from interactive_parallel.records import CommRecord, MemoryRecord, ShardRecord
 from conftest import parity_plan_params
+from test_lint import assert_implicit_redistributes_predicted
 
 
 def _comm_key(c: CommRecord) -> tuple:
@@ -192,6 +193,7 @@ def test_dry_run_records_equal_a_live_run(parity_steps, label, precision):
             (memory.params, memory.grads, memory.optimizer, memory.activations), rank
         assert _per_rank(d.comms(rank)).get(rank, {}) == _per_rank(comms).get(rank, {}), rank
         assert sorted(map(_shard_key, d.layout(rank=rank))) == sorted(map(_shard_key, shards)), rank
+    assert_implicit_redistributes_predicted(d)  # the layout lint's cost prediction (tests/test_lint.py)
 
 
 # ---------------------------------------------------------------- from a Session

@@ -97,3 +97,52 @@ def test_export_script_runs_under_torchrun(session4, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     losses = {int(a): float(b) for a, b in re.findall(r"step (\d+) loss ([0-9.]+)", out.stdout)}
     assert list(losses) == [1] and abs(losses[1] - session_loss) < 1e-4, out.stdout
+
+
+def _gpt2_family(**changes):
+    """On a rank, as notebook 06's set_tp_style: GPT-2's family facts with `changes`; the old ones returned."""
+    import dataclasses
+
+    from interactive_parallel.plan import models
+
+    before = models.FAMILIES["gpt2"]
+    models.FAMILIES["gpt2"] = dataclasses.replace(before, **changes)
+    return before
+
+
+def _set_gpt2_family(family) -> None:
+    from interactive_parallel.plan import models
+
+    models.FAMILIES["gpt2"] = family
+
+
+def test_the_lint_names_notebook_06s_broken_layouts_before_verify(session4):
+    """Notebook 06's broken layouts made on the ranks as the notebook makes them: apply warns,
+    check_layout names the parameter and the axis, and verify() then shows the numbers off; the
+    correct layout of the same plan lints clean of anything wrong."""
+    from interactive_parallel.cluster.lint_notes import LayoutWarning
+    from interactive_parallel.plan import FAMILIES
+
+    s, fam = session4, FAMILIES["gpt2"]
+    broken = [(dict(tp_plan={**fam.tp_plan, "transformer.h.*.attn.c_attn": "colwise"}),
+               Plan(dp=2, tp=2, batch_size=8, seq_len=32), "transformer.h.0.attn.c_attn.weight", "split_fused"),
+              (dict(norm_paths=("ln_1",)), Plan(dp=2, tp=2, sequence_parallel=True, batch_size=8, seq_len=32),
+               "transformer.h.0.ln_2.weight", "grad_not_reduced")]
+    try:
+        for changes, plan, param, fault in broken:
+            s.run(_gpt2_family, **changes)
+            s.load_model("tiny-gpt2")
+            with pytest.warns(LayoutWarning, match=re.escape(param)):
+                s.apply(plan)
+            found = s.check_layout()
+            assert any((f.param, f.axis, f.fault, f.severity, f.ranks) == (param, "tp", fault, "wrong", [0, 1, 2, 3])
+                       for f in found), found
+            report = s.verify()
+            diffs = {p.name: p.max_abs_diff for p in report.params}
+            assert not report.ok and diffs[param] > report.tolerance["grad"], report
+            s.run(_set_gpt2_family, fam)
+            s.load_model("tiny-gpt2")
+            s.apply(plan)
+            assert [f for f in s.check_layout() if f.severity == "wrong"] == [] and s.verify().ok
+    finally:
+        s.run(_set_gpt2_family, fam)

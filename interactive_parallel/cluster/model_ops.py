@@ -27,6 +27,7 @@ from ..runtime import api
 from ..runtime.model.tokenizer import tokenizer_dir
 from . import checkpoints, checks
 from .errors import RankError, SessionError
+from .lint_notes import warn_layout
 from .rankset import RankSet
 from .recovery import Recovery
 from .streams import InferenceStream, StepAssembler
@@ -114,7 +115,9 @@ class ModelOps:
         self.telemetry.plan_changed()
         if self.plan is not None:
             scratch = await self.scratch.shared(self.ranks) if self.plan.compile else None  # its compile cache
-            self.state.restored = (await self.ranks.call(api.apply_plan, (self.plan, scratch), what="apply"))[0]
+            infos = await self.ranks.call(api.apply_plan, (self.plan, scratch), what="apply")
+            self.state.restored = infos[0]
+            warn_layout(infos)
         return spec
 
     async def _ask(self, fn: Callable, args: tuple, what: str,
@@ -151,6 +154,7 @@ class ModelOps:
         infos = await self.ranks.call(api.apply_plan, (plan, scratch), what="apply")
         self.state.plan, self.state.restored = plan, infos[0]
         self.telemetry.plan_changed()
+        warn_layout(infos)
         await self._after_full_precision(scheme)
         return plan
 

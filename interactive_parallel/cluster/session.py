@@ -28,6 +28,7 @@ from .pool import AttachedPool, LocalPool, Pool
 from .rankset import RankSet
 from .recovery import ModelState, Recovery
 from .scratch import Scratch
+from .session_debugging import SessionDebugging
 from .session_planning import SessionPlanning
 from .session_serving import SessionServing
 from .telemetry import Telemetry
@@ -38,7 +39,7 @@ _LIVE: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
 
 @blocking_twins
-class Session(SessionServing, SessionPlanning):
+class Session(SessionServing, SessionPlanning, SessionDebugging):
     """Ranks in an ipyparallel pool, each a torch.distributed process, driven from here.
 
     >>> with Session(ranks=4) as s:

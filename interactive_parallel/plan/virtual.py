@@ -5,7 +5,7 @@ every tensor held, from plan.inventory.local_tensors; only FSDP over a dimension
 divide evenly makes ranks of one stage differ) and how a representative's records become
 another rank's of its class (`move`: groups and peers follow the mesh; `DryRun.mover`, the
 simulator's, recomputes index ranges), and the DryRun that holds them: `memory()`, `comms()`,
-`layout()`, the same record types a live Session returns, so viz/ and the panel draw both.
+`layout()`, `lint()`, the same record types a live Session returns, so viz/ and the panel draw both.
 Pure Python: knows no torch and nothing of how ranks are simulated (runtime/client/dryrun.py).
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..records import CommRecord, MemoryRecord, RecordList, ShardRecord, StepRecord
+from ..records import CommRecord, LintFinding, MemoryRecord, RecordList, ShardRecord, StepRecord
+from ..records.lint import LINT_COLUMNS, merged
 from .axes import MESH_ORDER, MeshAxis, expert_groups, mesh_coords, mesh_rank
 from .inventory import local_tensors
 from .models import ModelSpec
@@ -80,6 +81,8 @@ class Simulated:
     """param -> how its DTensor is placed, for `DryRun.mover` (the simulator's own form)."""
     step: StepRecord
     seconds: float
+    findings: list[LintFinding] = field(default_factory=list)
+    """What the layout lint (runtime.layout.lint) found in the simulated rank's layout."""
 
 
 @dataclass
@@ -159,6 +162,12 @@ class DryRun:
     def parameters(self) -> list[str]:
         """Every parameter some rank holds, by name."""
         return sorted({s.param for sim in self.simulated.values() for s in sim.shards})
+
+    def lint(self) -> RecordList:
+        """The layout lint's findings on every rank of the virtual mesh (Session.check_layout's
+        records): each representative's, listed for every rank of its class."""
+        per_rank = (replace(f, ranks=[r]) for r in range(self.world) for f in self.simulated[self.classes[r]].findings)
+        return RecordList(merged(per_rank), columns=LINT_COLUMNS)
 
     def steps(self) -> RecordList:
         """The StepRecord of each simulated rank (loss NaN: there are no values)."""

@@ -4,12 +4,13 @@ Ranks build records and ship the objects themselves (ipyparallel pickles them); 
 keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files and reports.
 One module per subject: base (the dict mechanism every record shares, the registry of kinds,
 tables), training, schedule, hardware (a machine profile, calibration samples, a predicted step) (a pipeline schedule as torch simulates it), inference, ranks,
-state (a layout's state and the scratch directory).
+state (a layout's state and the scratch directory), lint (what the layout lint found).
 Options going to the ranks and answers coming back are records too: nothing else crosses.
 Knows nothing of torch, ipyparallel or plotly.
 """
 from .base import RECORD_TYPES, Record, RecordList, from_dict, table
 from .hardware import CalibrationSample, HardwareProfile, Link, StepPrediction
+from .lint import LintFinding, LintKind, LintSeverity
 from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord, Request, RequestRecord,
                         ServeEngine, ServeOptions, ServePolicy, ServeResult, TokenRecord)
 from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
@@ -26,5 +27,5 @@ __all__ = [
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",
     "RankIdentity", "RankPlace", "LayoutInfo",
     "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo", "DataKind", "DataSource",
-    "ScheduleAction", "SchedulePreview", "CalibrationSample", "HardwareProfile", "Link", "StepPrediction",
+    "ScheduleAction", "SchedulePreview", "LintFinding", "LintKind", "LintSeverity", "CalibrationSample", "HardwareProfile", "Link", "StepPrediction",
 ]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import ClassVar
 
 from .base import Record
+from .lint import LintFinding
 
 
 class RestoreSource(StrEnum):
@@ -30,13 +31,16 @@ class RestoreSource(StrEnum):
 
 @dataclass
 class LayoutInfo(Record):
-    """What apply_plan did on one rank: its mesh coordinates, where its state came from, its step."""
+    """What apply_plan did on one rank: its mesh coordinates, where its state came from, its step,
+    and what the layout lint found in it."""
 
     kind: ClassVar[str] = "layout_info"
     coords: dict[str, int]
     """Mesh axis name -> this rank's coordinate on it."""
     state: RestoreSource
     step: int
+    findings: list[LintFinding] = field(default_factory=list)
+    """What the layout lint (runtime.layout.lint) found in the layout just built on this rank."""
 
 
 @dataclass

@@ -18,8 +18,8 @@ import socket
 from typing import Any
 
 from ..plan import ModelSpec, Plan
-from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, HostMemory, LayoutInfo, QuantizeRecord,
-                       RankInfo, Request, RestoreSource, SaveInfo, ScratchLayout, ServeOptions, ServeResult,
+from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, HostMemory, LayoutInfo, LintFinding,
+                       QuantizeRecord, RankInfo, Request, RestoreSource, SaveInfo, ScratchLayout, ServeOptions, ServeResult,
                        ShardRecord, SnapshotInfo, StepRecord, VerifyReport)
 from ..records.calibration import CalibrateOptions
 from ..records.hardware import CalibrationSample
@@ -241,6 +241,14 @@ def layout() -> list[ShardRecord]:
 
     st = _require_plan()
     return shard_records(st.parallel, st.rank)
+
+
+def check_layout() -> list[LintFinding]:
+    """What the layout lint (runtime.layout.lint) finds in this rank's layout: a static reading
+    of its placements and TP plan, no collective, nothing run."""
+    from .layout.lint import lint
+
+    return lint(_require_plan().parallel)
 
 
 def set_probes(flag: bool) -> bool:

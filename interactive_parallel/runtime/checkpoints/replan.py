@@ -36,7 +36,12 @@ def apply(st, plan: Plan, scratch: ScratchLayout | None, restore: RestoreSource 
         import shutil
 
         shutil.rmtree(temporary.root, ignore_errors=True)
-    return LayoutInfo(coords={str(k): v for k, v in st.parallel.coords.items()}, state=how, step=step)
+    from ..layout.lint import lint
+
+    # The lint reads the placements just built (no collective, about a millisecond for a small
+    # model): every apply returns its findings and the client warns of those that make numbers wrong.
+    return LayoutInfo(coords={str(k): v for k, v in st.parallel.coords.items()}, state=how, step=step,
+                      findings=lint(st.parallel))
 
 
 def stage(st, scratch: ScratchLayout) -> None:

@@ -8,7 +8,8 @@ split, tensor, context, recomputation and FSDP code on meta tensors) told to giv
 parameters and buffers FakeTensor storage (shapes, dtypes, no bytes) in place of real storage
 and DDP the dry run's comm hook, so DDP and the pipeline schedule come as on a live rank, and one
 `runtime.training.train.train_step` under FakeTensorMode with the probes on: the memory probe, the
-comm ledger and the layout probe record what a live rank records, and nothing runs.
+comm ledger and the layout probe record what a live rank records, and nothing runs; the layout
+lint (runtime.layout.lint) reads the simulated rank's placements as a live rank's.
 
 Ranks are simulated once per class (plan/virtual.py: the same pipeline coordinate and the
 same shard sizes; only FSDP over a dimension it does not divide evenly makes them differ):
@@ -229,6 +230,7 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from .. import probes
+    from ..layout.lint import lint
     from ..layout.parallelize import parallelize
     from ..parallel.compile import eager_blocks
     from ..training.train import make_optimizer, train_step
@@ -239,6 +241,7 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
     try:
         par = parallelize(spec, plan, device="cpu", storage=lambda p: _fake_storage(p, fake_mode),
                           ddp_hook=_ddp_hook)
+        findings = lint(par)  # placements only: as Session.check_layout reads them on a live rank
         if par.schedule is not None:
             _answer_vote(par.schedule)
         if par.routing is not None:
@@ -258,7 +261,8 @@ def simulate(spec: ModelSpec, plan: Plan, rank: int, steps: int = 1) -> Simulate
         _forget_groups()
     memory = replace(rec.memory, rss=0, device=plan.device)
     return Simulated(memory=memory, comms=rec.comms, shards=shards, placements=placements,
-                      step=replace(rec, memory=memory, comms=[], events=[]), seconds=time.perf_counter() - start)
+                      step=replace(rec, memory=memory, comms=[], events=[]), seconds=time.perf_counter() - start,
+                      findings=findings)
 
 
 def dry_run(model: Any, plan: Plan, world: int | None = None, *, steps: int = 1,
