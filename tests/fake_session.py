@@ -12,6 +12,7 @@ plan/search. Each call is appended to `calls`, so tests see what the panel asked
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 import threading
 import time
@@ -20,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Callable, Literal, Sequence
 
 from interactive_parallel.cluster.errors import RankError, SessionError
+from interactive_parallel.cluster.fetch import FULL_LIMIT_BYTES, Fetched
 from interactive_parallel.cluster.telemetry import STEP_COLUMNS, Telemetry
 from interactive_parallel.plan import (MeshAxis, ModelSpec, Plan, PlanError, check, expert_coords, expert_groups,
                                        mesh_coords, resolve_model)
@@ -32,7 +34,7 @@ from interactive_parallel.plan.virtual import DryRun, Simulated
 from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, HardwareProfile, MemoryRecord,
                                           ParamDiff, PipelineEvent, QuantizeRecord, RankInfo, RankPlace, RecordList,
                                           Request, RequestRecord, ServeEngine, ServePolicy, ServeResult, ShardRecord,
-                                          StepPrediction, StepRecord, TokenRecord, VerifyReport)
+                                          StepPrediction, StepRecord, TensorKind, TokenRecord, VerifyReport)
 from interactive_parallel.viz.plans import step_times
 
 WORLD = 4
@@ -295,10 +297,23 @@ class FakeSession:
     def layout(self) -> RecordList:
         self.calls.append(("layout",))
         self._require_layout()
-        return RecordList([ShardRecord(param=n, rank=r, global_shape=shape, local_shape=shape,
-                                       placements=["Replicate()"], mesh_axes=["dp"], coords={"dp": r},
-                                       index=[[0, d] for d in shape])
-                           for n, shape in PARAMS for r in range(self._world)])
+        return RecordList(self._shards())
+
+    def _shards(self) -> list[ShardRecord]:
+        return [ShardRecord(param=n, rank=r, global_shape=shape, local_shape=shape, placements=["Replicate()"],
+                            mesh_axes=["dp"], coords={"dp": r}, index=[[0, d] for d in shape])
+                for n, shape in PARAMS for r in range(self._world)]
+
+    def fetch(self, name: str, rank: int = 0, *, full: bool = False, what: TensorKind = "param",
+              limit_bytes: int = FULL_LIMIT_BYTES) -> Fetched:
+        """Made-up values (0.01 steps from 0, the same block on every rank), the layout's records."""
+        import torch
+
+        self.calls.append(("fetch", name, rank, full, what))
+        self._require_layout()
+        shard = next(r for r in self._shards() if r.param == name and r.rank == rank)
+        values = torch.arange(math.prod(shard.global_shape), dtype=torch.float32).reshape(shard.global_shape) / 100
+        return Fetched(name, what, None if full else rank, values, [shard])
 
     def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
         """Every rank of `plan` 'simulated': memory as predicted, one tp or dp all_reduce, every

@@ -1,14 +1,17 @@
-"""The client's refusals (cluster/checks.py, cluster/checkpoints.py) on inputs alone: pure, no
+"""The client's refusals (cluster/checks.py, cluster/checkpoints.py, cluster/fetch.py) on inputs alone: pure, no
 ranks. Each names every problem with its numbers."""
+import asyncio
 import json
 import os
+import types
 
 import pytest
 
 from interactive_parallel.cluster import checkpoints, checks
+from interactive_parallel.cluster import fetch as fetching
 from interactive_parallel.cluster.errors import SessionError
 from interactive_parallel.plan import Plan, PlanError, resolve_model
-from interactive_parallel.records import FaultSpec, Request
+from interactive_parallel.records import FaultSpec, Request, ShardRecord
 
 pytestmark = pytest.mark.pure
 SPEC = resolve_model("tiny-llama")
@@ -137,3 +140,66 @@ def test_a_site_launcher_is_refused_before_anything_starts():
     lines = slurm_template(2, 4).splitlines()
     assert {"#SBATCH --ntasks={n}", "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4",
             "#SBATCH --output={output_file}"} <= set(lines) and lines[-1] == "srun {program_and_args}"
+
+
+# ---- fetch: any rank's tensor (cluster/fetch.py) ---------------------------------------------------
+def _shard(param, rank, index, stage=None):
+    shape = [8, 4]
+    return ShardRecord(param=param, rank=rank, global_shape=shape, local_shape=[b - a for a, b in index],
+                       placements=["Shard(dim=0)"], mesh_axes=["tp"], coords={"tp": rank % 2}, index=index, stage=stage)
+
+
+# pp2 x tp2: stage 0 on ranks 0-1, stage 1 on ranks 2-3, each weight split in rows over tp
+FETCH_LAYOUT = [_shard(f"model.layers.{layer}.mlp.up_proj.weight", rank, [[4 * (rank % 2), 4 * (rank % 2) + 4], [0, 4]],
+                       stage=layer) for layer in (0, 1) for rank in (2 * layer, 2 * layer + 1)]
+
+
+class _Untouchable:
+    """A rank set whose every call fails the test: the refusals come before any rank is asked."""
+
+    world_size = 4
+
+    async def require(self):
+        pytest.fail("rank touched")
+
+    async def call(self, *a, **k):
+        pytest.fail("rank touched")
+
+
+def _fetch(name, rank=0, *, full=False, what="param", limit_bytes=fetching.FULL_LIMIT_BYTES, model=None):
+    async def layout():
+        return FETCH_LAYOUT
+
+    model = model or types.SimpleNamespace(require_layout=lambda: None, quantization=None, layout=layout, data=None)
+    return asyncio.run(fetching.fetch(model, _Untouchable(), name, rank, full, what, limit_bytes))
+
+
+def test_a_fetch_is_refused_before_any_rank_with_the_nearest_names_the_world_and_the_kinds():
+    with pytest.raises(fetching.FetchError, match=r"nearest: model\.layers\.0\.mlp\.up_proj\.weight"):
+        _fetch("model.layers.0.mlp.up_prj.weight")
+    with pytest.raises(fetching.FetchError, match=r"rank 4 is outside this session of 4 ranks \(0 \.\. 3\)"):
+        _fetch("model.layers.0.mlp.up_proj.weight", rank=4)
+    with pytest.raises(fetching.FetchError, match="param, grad, exp_avg, exp_avg_sq, step"):
+        _fetch("model.layers.0.mlp.up_proj.weight", what="momentum")
+    with pytest.raises(fetching.FetchError, match=r"rank 0 does not hold .*layers\.1.*: it lives in pipeline stage 1, "
+                                                  r"held by ranks \[2, 3\]"):
+        _fetch("model.layers.1.mlp.up_proj.weight", rank=0)
+    assert fetching.TENSOR_KINDS == ("param", "grad", "exp_avg", "exp_avg_sq", "step")
+
+
+def test_a_whole_tensor_over_the_limit_is_refused_with_its_size_and_the_limit():
+    with pytest.raises(fetching.FetchError, match=r"is 128 B \(128 bytes\), shape \(8, 4\) fp32, over the limit "
+                                                  r"of 100 B \(100 bytes\) for full=True"):
+        _fetch("model.layers.1.mlp.up_proj.weight", full=True, limit_bytes=100)
+    # the default limit is stated, and a whole tensor needs one block per distinct range: ranks 2 and 3
+    assert fetching.FULL_LIMIT_BYTES == 256 * 2**20
+    assert [r.rank for r in fetching.holders_of(FETCH_LAYOUT, "model.layers.1.mlp.up_proj.weight", 0, True)] == [2, 3]
+
+
+def test_a_fetch_without_a_layout_says_so():
+    from interactive_parallel.cluster.model_ops import ModelOps
+    from interactive_parallel.cluster.recovery import ModelState, Recovery
+
+    model = ModelOps(_Untouchable(), None, Recovery(ModelState(), None, None))
+    with pytest.raises(SessionError, match=r"no model laid out: call load_model\(...\) and apply\(Plan\(...\)\) first"):
+        _fetch("model.layers.0.mlp.up_proj.weight", model=model)

@@ -1,6 +1,7 @@
 """Seeing inside every rank, on a live 4-rank Session (gloo, CPU, tiny-llama, fp32):
 the comm ledger against gradient bytes, CommDebugMode and pipeline activations; memory
-against plan/estimate exactly; layout reassembling every parameter; figures and the report
+against plan/estimate exactly; layout reassembling every parameter; any rank's weight, gradient
+and AdamW state fetched, and a whole one put together on the client; figures and the report
 from recorded data; the collective debug mode."""
 from __future__ import annotations
 
@@ -196,6 +197,62 @@ def test_layout_reassembles_every_parameter(session4, degrees):
             assert list(piece.shape) == s.local_shape
             rebuilt[tuple(slice(a, b) for a, b in s.index)] = piece
         torch.testing.assert_close(rebuilt, full[name], rtol=0, atol=0, msg=name)
+
+
+# ---------------------------------------------------------------- fetch: any rank's tensor
+
+def grads_now() -> dict[str, torch.Tensor]:
+    """Full gradients of the current step's batch on the current weights, gathered by the ranks."""
+    from interactive_parallel.runtime.rank import state
+    from interactive_parallel.runtime.training.verify import loss_and_grads
+
+    st = state.get()
+    return loss_and_grads(st.parallel, st.step)[1]
+
+
+def adam_state(name: str) -> tuple[list[str], torch.Tensor]:
+    """(the state names AdamW keeps for any parameter, this rank's block of `name`'s exp_avg)."""
+    from interactive_parallel.runtime.rank import state
+
+    st = state.get()
+    p = dict(st.parallel.raw.named_parameters())[name]
+    exp_avg = st.optimizer.state[p]["exp_avg"]
+    return sorted({k for s in st.optimizer.state.values() for k in s}), exp_avg._local_tensor.clone()
+
+
+def test_fetch_reads_any_ranks_block_and_puts_the_whole_together(session4, monkeypatch):
+    from interactive_parallel.cluster.fetch import FetchError
+    from interactive_parallel.records import TENSOR_KINDS
+
+    s = _run(session4, Plan(fsdp=2, tp=2, **BASE), steps=1)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    layout = {r.rank: r for r in s.layout() if r.param == name}
+    a, b = s.fetch(name, rank=0), s.fetch(name, rank=1)
+    assert a.index != b.index and any("Shard" in p for p in a.placements)
+    for got in (a, b):
+        assert list(got.shape) == layout[got.rank].local_shape and got.index == layout[got.rank].index
+    whole, reference = s.fetch(name, full=True), s.run(full_params)[0][name]  # gathered by the ranks
+    torch.testing.assert_close(whole.tensor, reference, rtol=0, atol=0)
+    torch.testing.assert_close(b.tensor, reference[tuple(slice(x, y) for x, y in b.index)], rtol=0, atol=0)
+    # a gradient on request: the one the ranks' own forward and backward of the same batch gives
+    grad, grads = s.fetch(name, rank=1, what="grad"), s.fetch(name, full=True, what="grad")
+    assert grad.shape == b.shape and grad.tensor.abs().sum() > 0
+    torch.testing.assert_close(grads.tensor, s.run(grads_now)[0][name], rtol=0, atol=0)
+    names, exp_avg = s.run(adam_state, name)[1]
+    assert names == sorted(TENSOR_KINDS[2:])  # what AdamW really holds is what fetch offers
+    torch.testing.assert_close(s.fetch(name, rank=1, what="exp_avg").tensor, exp_avg, rtol=0, atol=0)
+    assert float(s.fetch(name, rank=3, what="step").tensor) == 1.0
+    # bad input: refused on the layout the client holds, before any rank is touched
+    monkeypatch.setattr(s.ranks.caller, "submit", lambda *a, **k: pytest.fail("rank touched"))
+    with pytest.raises(FetchError, match=r"nearest: model\.layers\.0\.self_attn\.q_proj\.weight"):
+        s.fetch("model.layers.0.self_attn.q_proj.weigth")
+    with pytest.raises(FetchError, match=r"outside this session of 4 ranks"):
+        s.fetch(name, rank=4)
+    with pytest.raises(FetchError, match="exp_avg_sq"):
+        s.fetch(name, what="momentum")
+    with pytest.raises(FetchError, match=r"is 16\.0 KiB \(16,384 bytes\), shape \(64, 64\) fp32, "
+                                         r"over the limit of 1000 B"):
+        s.fetch(name, full=True, limit_bytes=1000)
 
 
 # ---------------------------------------------------------------- figures and report

@@ -123,7 +123,7 @@ def test_the_fake_returns_the_types_session_declares():
         "train_async": asyncio.run(s.train_async(2)), "doctor": s.doctor(), "verify": s.verify(),
         "generate_async": asyncio.run(s.generate_async(["ab"], 3, on_token=tokens.append)),
         "memory": s.memory(), "comms": s.comms(), "timeline": s.timeline(), "experts": s.experts(),
-        "layout": s.layout(),
+        "layout": s.layout(), "fetch": s.fetch("lm_head.weight", 1),
         "predict_memory": s.predict_memory(), "save": s.save("c"), "load": s.load("c"),
         "export_script": s.export_script("x.py"), "run": s.run(lambda: 1),
         "serve_async": asyncio.run(s.serve_async(["ab", "cd"], on_token=tokens.append)),
@@ -424,6 +424,31 @@ def test_dry_run_mode_lets_the_world_exceed_the_ranks_and_the_views_draw_its_rec
     assert not views.memory.layout.title.text.endswith("(dry run)")
 
 
+def click(figure: go.FigureWidget, trace: int) -> None:
+    """A click on `trace` as plotly's front end reports one (the FigureWidget dispatches it)."""
+    figure._handler_js2py_pointsCallback({"new": {
+        "event_type": "plotly_click", "selector": None, "device_state": None,
+        "points": {"trace_indexes": [trace], "point_indexes": [0], "xs": [0.0], "ys": [0.0]}}})
+
+
+@pytest.mark.pure
+def test_a_click_on_a_block_of_the_layout_map_fetches_it_from_its_rank():
+    s, p = laid_out()
+    views = p.views
+    views.tab.selected_index = 3
+    assert "click a block" in shown(views.peek.html) and "fetch" not in names(s)
+    click(views.sharding, 0)
+    assert [c for c in s.calls if c[0] == "fetch"] == [("fetch", "lm_head.weight", 0, False, "param")]
+    text = " ".join(shown(views.peek.html).split())
+    assert "parameter lm_head.weight" in text and "rank 0 (the same block on ranks 0, 1, 2, 3)" in text, text
+    assert "shape (128, 64)" in text and "dtype float32" in text and "index [0:128, 0:64] of (128, 64)" in text
+    assert "min 0 max 81.91 mean 40.955" in text and "0 0.01 0.02 0.03 ..." in text  # the fake's values
+    views.param.value = "model.embed_tokens.weight"  # redrawn: its traces answer clicks too
+    assert "click a block" in shown(views.peek.html)
+    click(views.sharding, 0)
+    assert s.calls[-1] == ("fetch", "model.embed_tokens.weight", 0, False, "param")
+
+
 @pytest.mark.pure
 def test_each_button_calls_the_session_and_shows_its_result():
     s = FakeSession()
@@ -709,6 +734,15 @@ def test_panel_drives_a_live_session(session4):
         p.views.tab.selected_index = tab
     assert p.views.memory.data and p.views.sharding.data and "failed" not in str(
         [m.value for m in p.views.messages.values()])
+    # a click on a block of the layout map (as plotly's front end reports one) fetches it from its rank
+    click(p.views.sharding, 0)
+    peek = " ".join(shown(p.views.peek.html).split())
+    param = p.views.param.value
+    assert f"parameter {param}" in peek and "rank 0 (the same block on ranks 0, 1, 2, 3)" in peek, peek
+    assert all(f" {k} " in peek for k in ("norm", "min", "max", "mean", "float32")), peek
+    block = s.fetch(param, 0)  # what the panel showed: its shape, its norm, its first value
+    first = block.tensor.reshape(-1)[0].item()
+    assert str(block.shape) in peek and f"{block.stats()['norm']:.6g}" in peek and f"{first:.4g}" in peek, peek
     # the fake answers with the types this live session answers with
     for name in ("memory", "comms", "timeline", "layout", "predict_memory", "doctor"):
         got = getattr(s, name)()

@@ -1,16 +1,19 @@
-"""The Session's debugging surface: questions about the laid-out model that a researcher asks
-while hunting a wrong layout.
+"""The Session's debugging surface: questions a researcher hunting a wrong layout asks of the
+laid-out model without training it.
 
-Owns the public calls that ask the ranks about their layout without training it. A mixin of
-Session, like session_planning.py: stateless, it reads the Session's model operations and rank
-set (annotated here, assigned by Session); each remote call is written once as `name_async`, its
-blocking twin made by `blocking_twins`. Knows nothing of how a layout is read on a rank.
+Owns the public calls made beside `layout()`: the layout lint (`check_layout`) and any rank's
+tensor (`fetch`). A mixin of Session, like session_planning.py: stateless, it reads the
+Session's model operations and rank set (annotated here, assigned by Session); each remote call
+is written once as `name_async`, its blocking twin made by `blocking_twins`; bad input is refused
+before any rank is touched. Knows nothing of torch or of how the ranks answer (the bodies:
+cluster/fetch.py, runtime.api, runtime/layout/lint.py).
 """
 from __future__ import annotations
 
-from ..records import RecordList
+from ..records import RecordList, TensorKind
 from ..records.lint import LINT_COLUMNS, merged
 from ..runtime import api
+from .fetch import FULL_LIMIT_BYTES, Fetched, fetch
 from .model_ops import ModelOps
 from .rankset import RankSet
 from .twins import blocking_twins
@@ -18,7 +21,7 @@ from .twins import blocking_twins
 
 @blocking_twins
 class SessionDebugging:
-    """Layout checks on the Session (see the module docstring)."""
+    """Layout checks and tensor reads on the Session (see the module docstring)."""
 
     ranks: RankSet
     model: ModelOps
@@ -37,3 +40,21 @@ class SessionDebugging:
         await self.ranks.require()
         per_rank = await self.ranks.call(api.check_layout, what="check_layout")
         return RecordList(merged(f for findings in per_rank for f in findings), columns=LINT_COLUMNS)
+
+    # ---- fetch: any rank's tensor ---------------------------------------------------------------
+    async def fetch_async(self, name: str, rank: int = 0, *, full: bool = False, what: TensorKind = "param",
+                          limit_bytes: int = FULL_LIMIT_BYTES) -> Fetched:
+        """Parameter `name` (as layout() names it) as rank `rank` holds it: a Fetched whose
+        `tensor` is that rank's local block (a CPU copy) and whose `shards[0]` is its ShardRecord
+        (placements, mesh coordinates, index ranges of the whole tensor); `stats()` gives norm,
+        min, max and mean. full=True: the whole tensor, put together on this client from one
+        block of each distinct index range (no collective on the ranks), refused, naming its
+        size, when it exceeds `limit_bytes` (default 256 MiB). `what`: 'param', 'grad', or a
+        state AdamW keeps ('exp_avg', 'exp_avg_sq', 'step'; from the first optimizer step on).
+        A gradient is computed on request as verify() computes one: a forward and backward of
+        the current step's batch on the current weights on every rank, no optimizer step (a
+        training step frees its gradients). Refused before any rank is touched: an unknown name
+        (naming the nearest), a rank outside the session (naming the world size) or not holding
+        the parameter (a pipeline stage it does not run: naming the ranks that do), an unknown
+        `what`, no layout applied."""
+        return await fetch(self.model, self.ranks, name, rank, full, what, limit_bytes)

@@ -17,7 +17,8 @@ from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec,
                     NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
 from .schedule import ScheduleAction, SchedulePreview
 from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
-from .training import CommRecord, DataKind, DataSource, ExpertRecord, MemoryRecord, PipelineEvent, ShardRecord, StepRecord
+from .training import (TENSOR_KINDS, CommRecord, DataKind, DataSource, ExpertRecord, MemoryRecord, PipelineEvent,
+                       ShardRecord, StepRecord, TensorKind)
 
 __all__ = [
     "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
@@ -27,5 +28,5 @@ __all__ = [
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",
     "RankIdentity", "RankPlace", "LayoutInfo",
     "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo", "DataKind", "DataSource",
-    "ScheduleAction", "SchedulePreview", "LintFinding", "LintKind", "LintSeverity", "CalibrationSample", "HardwareProfile", "Link", "StepPrediction",
+    "TENSOR_KINDS", "TensorKind", "ScheduleAction", "SchedulePreview", "LintFinding", "LintKind", "LintSeverity", "CalibrationSample", "HardwareProfile", "Link", "StepPrediction",
 ]

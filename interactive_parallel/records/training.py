@@ -1,5 +1,5 @@
 """Records of training: a step and what the probes measured during it (memory, collectives,
-compute intervals), where each slice of each weight lives, and the text a call trains on;
+compute intervals), where each slice of each weight lives (and which of a parameter's tensors a fetch reads), and the text a call trains on;
 `latest_run` reads a plan's latest run of steps out of a history of them (the measured step
 time the step-time model is set beside and anchored to).
 
@@ -8,7 +8,7 @@ Knows nothing of torch, ipyparallel or plotly (records/base.py has the dict mech
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Sequence
+from typing import ClassVar, Literal, Sequence, get_args
 
 from .base import Record
 
@@ -193,3 +193,9 @@ class ShardRecord(Record):
     """Per tensor dim, [start, stop) of the full tensor held locally."""
     stage: int | None = None
     """Pipeline stage holding the parameter (None: no pipeline)."""
+
+
+TensorKind = Literal["param", "grad", "exp_avg", "exp_avg_sq", "step"]
+"""Which tensor of a parameter Session.fetch reads on a rank: the weight, its gradient, or one of
+the states torch's AdamW keeps per parameter (amsgrad off: runtime.training.train.make_optimizer)."""
+TENSOR_KINDS: tuple[str, ...] = get_args(TensorKind)

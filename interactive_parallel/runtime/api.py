@@ -251,6 +251,22 @@ def check_layout() -> list[LintFinding]:
     return lint(_require_plan().parallel)
 
 
+def fetch(name: str, what: str = "param", send: bool = True, data: DataSource | None = None) -> tuple | None:
+    """This rank's block of parameter `name`'s weight, gradient or AdamW state (`what`), as a CPU
+    copy: (ShardRecord of the block, the block, (dim, permutation) of a weight stored permuted
+    or None); None where this rank does not hold the parameter or `send` is False. A gradient
+    is one forward and backward of the current step's batch (from `data`'s text, None: the
+    synthetic task) on the current weights, no optimizer step: a collective, every rank calls
+    it (runtime.training.tensors)."""
+    from .training.data import reading
+    from .training.tensors import local_piece
+
+    st = _require_plan()
+    _refuse_quantized(st, "fetch")
+    with reading(data):
+        return local_piece(st, name, what, send)
+
+
 def set_probes(flag: bool) -> bool:
     """Switch the per-step probes (memory, comm ledger, compute intervals) on or off."""
     from .probes import set_enabled

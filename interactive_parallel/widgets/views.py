@@ -8,7 +8,8 @@ mixture-of-experts model's routing) come from the telemetry the Session already 
 while the ranks train the loss and the open tab are redrawn as steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
 The predicted memory beside the measured is `session.predict_memory()`, once per plan. The
 layout is `session.layout()` (a remote call, cached by the Session per applied plan): read once
-per plan, when its tab is open and the ranks are not busy. Decoding (tokens per step, KV cache
+per plan, when its tab is open and the ranks are not busy; a click on a block of its map fetches
+that rank's block (`session.fetch`, widgets/shardpeek.py), shown beside the map. Decoding (tokens per step, KV cache
 per rank, compute and communication per step), requests (timeline, latency) and quantization
 come from the latest generate / serve / quantize call the Session kept (`decoding()`,
 `served()`, `quantized()`: local reads), redrawn when such a call ends. In the Plan section's
@@ -38,6 +39,7 @@ from ..records import CommRecord, PipelineEvent
 from ._common import Actions, SessionRef, button, css, describe_error, figure_widget, refresh, row
 from .dryview import label, params_of, shown_ranks
 from .render import note, pre, table
+from .shardpeek import ShardPeek
 
 TABS = ("loss", "memory", "communication", "layout", "pipeline", "decoding", "requests", "quantization", "experts",
         "plans")
@@ -108,6 +110,7 @@ class ViewsSection:
         self.param = css(W.Dropdown(options=[], description="parameter", layout=W.Layout(width="100%")),
                          "ip-layout-param")
         self.layout_table = css(W.HTML(), "ip-layout-table")
+        self.peek = ShardPeek(self.sharding, session, self.shown_layout, busy, self.dry)
         self.refresh_button = button("Refresh", "ip-refresh-button", tooltip="redraw the open tab from the session")
         self._shards: list[Any] = []
         self._layout_key: tuple | None = None
@@ -118,7 +121,8 @@ class ViewsSection:
             "memory": [self.memory],
             "communication": [W.GridBox([self.comm_matrix, self.comm_breakdown], layout=W.Layout(
                 grid_template_columns=SIDE_BY_SIDE)), self.timeline],
-            "layout": [self.param, self.sharding, self.layout_table],
+            "layout": [self.param, W.GridBox([self.sharding, self.peek.html], layout=W.Layout(
+                grid_template_columns=SIDE_BY_SIDE)), self.layout_table],
             "pipeline": [self.pipeline],
             "experts": [self.expert_load, self.tokens_moved],
             "decoding": [self.tokens_per_step, self.kv_memory, self.step_split],
@@ -243,6 +247,7 @@ class ViewsSection:
             dry_run = True
         figure = viz.sharding_figure(self._shards, param)
         refresh(self.sharding, dry_labelled(figure) if dry_run else figure)
+        self.peek.bind()
         rows = [r for r in viz.layout_table(self._shards) if r["param"] == param] if self._shards else []
         self.layout_table.value = table(SHARD_COLUMNS, [[r[c] for c in SHARD_COLUMNS] for r in rows]) if rows else ""
 
