@@ -20,11 +20,13 @@ running a step (the dry run does, runtime.client.dryrun) costs a traced forward 
 millisecond and so runs at every `apply`; and the faults named here are facts of the placements
 (a replicated weight fed sequence-split tokens, a fused split without its permutation) that a
 step would show only as numbers. `spmd-types` (the per-axis type checker on the package index)
-is not in the environment and is not added. The one collective a step issues that no module
-asked for, a norm's Partial gradient all-reduced by the optimizer's own ops
-(tests/test_ledger.py), is predicted here from the same placements; tests/test_lint.py,
-test_dryrun.py and test_any_model.py hold that prediction to the dry run's implicit
-redistributes (every parity plan, every derived family's plans).
+is not in the environment and is not added. The one collective a step would issue that no
+module asked for, a norm's Partial gradient all-reduced by the optimizer's own ops, is
+predicted here from the same placements, but only where nothing reduces it first: no data
+wrapper, and the runtime's own reduction after backward turned off
+(runtime.layout.parallelized.REDUCE_PARTIAL); tests/test_lint.py, test_dryrun.py and
+test_any_model.py hold that prediction to the dry run's implicit redistributes (every parity
+plan, every derived family's plans; with the reduction off, sequence parallelism's plans).
 
 What it cannot see: a module's input read from the facts is a model of the block (attention
 and MLP gather the sequence, a colwise linear splits its output), so a model whose forward
@@ -41,6 +43,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...plan.tp_styles import TpStyle
 from ...records.lint import LintFinding, LintKind, LintSeverity
+from .parallelized import REDUCE_PARTIAL
 
 DATA_AXES = ("dp", "fsdp", "cp")
 """Axes on which every rank's input differs (its own share of the batch or of the sequence)."""
@@ -173,13 +176,14 @@ def _replicated_on_varying(par, name: str, p, varies: str) -> list[LintFinding]:
             f"{varies}, so DTensor already sums its gradient over tp; a hook on the weight may sum it again "
             "(tp times too large)", "keep one of the two: the Replicate DTensor's own reduction, or the hook")]
     data = [a for a in DATA_AXES if getattr(par.plan, a) > 1 and _on(p, a) is not None]
-    if data:
-        return []  # FSDP2 / replicate reduce it once, after backward (the ledger names their unit)
+    if data or REDUCE_PARTIAL[0]:
+        return []  # FSDP2 / replicate, or else finish_grads, reduce it once after backward
     return [_finding(
         name, "tp", LintKind.IMPLICIT_REDISTRIBUTE, LintSeverity.COST,
         f"{varies}, so its gradient leaves backward Partial on tp and nothing reduces it before the optimizer, "
         "whose ops then all-reduce it implicitly, once per operand that reads it, every step",
-        "reduce it once after backward (redistribute the gradient to Replicate, as replicate() does under dp x tp)")]
+        "reduce it once after backward (the runtime's own reduction: "
+        "runtime.layout.parallelized.REDUCE_PARTIAL on, its default)")]
 
 
 def _fused(par, name: str, leaf: str, p, style: TpStyle | None) -> list[LintFinding]:

@@ -4,8 +4,8 @@ Owns the answers train, generate, verify and checkpoint need without knowing the
 which module (or pipeline schedule) to call, which slice of the global batch is this
 rank's, whether this rank sees the loss, full-sequence logits on every rank, full
 weights and gradients gathered under the transformers names (fused weights put back in
-checkpoint order), the tied embedding/head gradient summed across pipeline stages, and
-rebuilding the schedule when the batch shape changes. Knows nothing of how the layout
+checkpoint order), the tied embedding/head gradient summed across pipeline stages, a
+gradient DTensor left Partial summed once after backward, and rebuilding the schedule when the batch shape changes. Knows nothing of how the layout
 was made (runtime.layout.parallelize does that) or of ipyparallel.
 """
 from __future__ import annotations
@@ -18,6 +18,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ...plan import MeshAxis, ModelSpec, Plan
+
+REDUCE_PARTIAL = [True]
+"""Whether finish_grads sums each gradient DTensor's sharding propagation left Partial (a norm's
+weight replicated beside sequence-split activations) once, explicitly. Left to the optimizer,
+every AdamW op that reads such a gradient makes DTensor all-reduce it again, implicitly (three
+times a step). False only to show that cost (notebook 06); the numbers are the same either way."""
 
 
 @dataclass
@@ -132,8 +138,11 @@ class Parallelized:
                                                           self.device)
 
     def finish_grads(self) -> None:
-        """After backward: sum the tied embedding/head gradient over the stages that hold it, and
-        under ep each expert's gradient over the ranks holding that expert."""
+        """After backward: sum each gradient left Partial over the mesh axes it is partial on, the
+        tied embedding/head gradient over the stages that hold it, and under ep each expert's
+        gradient over the ranks holding that expert."""
+        if REDUCE_PARTIAL[0]:
+            self.reduce_partial_grads()
         if self.expert_params:
             from ..parallel.ep import sync_expert_grads
 
@@ -147,6 +156,19 @@ class Parallelized:
             if p.grad is not None:
                 g = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
                 dist.all_reduce(g, group=self.tie_group)
+
+    def reduce_partial_grads(self) -> None:
+        """Redistribute every Partial gradient to its parameter's placements: one all-reduce per
+        tensor, in backward's phase, named by the module that owns the parameter."""
+        from torch.distributed.tensor import DTensor
+
+        from ..probes.causes import issuer
+
+        for name, p in self.raw.named_parameters():
+            g = p.grad
+            if isinstance(g, DTensor) and any(pl.is_partial() for pl in g.placements):
+                with issuer(name.rpartition(".")[0]):
+                    p.grad = g.redistribute(g.device_mesh, p.placements)
 
     def canonical(self, name: str) -> str:
         return self.aliases.get(name, name)

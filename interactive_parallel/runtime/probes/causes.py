@@ -208,6 +208,7 @@ class Tracer:
     def __init__(self):
         self.backward_module = ""
         self.phase = ""  # set by `phase`: what the runtime says it is doing
+        self.issuer = ""  # set by `issuer`: the module the runtime acts for outside any forward
         self.p2p: dict[int, tuple[str, str, torch.Tensor]] = {}  # id(tensor) -> (stage label, what, tensor)
 
     def annotate(self, rec, kind: str, tensors: list[torch.Tensor], frame) -> None:
@@ -228,6 +229,7 @@ class Tracer:
             phase = "backward" if needed == "gradients" else "forward"
         if in_backward and not module:
             module = self.backward_module
+        module = module or self.issuer
         if in_backward and not needed:  # a C++ autograd formula's collective: its node names it
             node = torch._C._current_autograd_node()
             needed = _node_name(node.name()) if node is not None else ""
@@ -248,6 +250,21 @@ def phase(name: str):
         yield
     finally:
         tracer.phase = before
+
+
+@contextlib.contextmanager
+def issuer(module: str):
+    """Collectives issued inside, outside any module's forward, are `module`'s (the runtime
+    reducing a parameter's gradient for it)."""
+    tracer = ACTIVE[-1] if ACTIVE else None
+    if tracer is None:
+        yield
+        return
+    before, tracer.issuer = tracer.issuer, module
+    try:
+        yield
+    finally:
+        tracer.issuer = before
 
 
 class tracing:
