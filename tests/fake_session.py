@@ -133,7 +133,8 @@ class FakeSession:
                           memory=MemoryRecord(rank=rank, step=step, params=460_000, grads=460_000, optimizer=920_000,
                                               activations=10_000 + step),
                           comms=[CommRecord(rank=rank, step=step, op="all_reduce", bytes=460_000, dtype="float32",
-                                            axis="dp", group=group, start=t, end=t + 0.002)],
+                                            axis="dp", group=group, start=t, end=t + 0.002, module="ddp bucket 0",
+                                            needed_by="bucket all-reduce", phase="backward")],
                           events=events, experts=self._expert_records(rank, step))
 
     def _routed(self, step: int, layer: int) -> list[int]:

@@ -213,3 +213,33 @@ def test_session_dry_run_matches_its_ranks_and_goes_beyond_them(session4):
     assert bigger.world == 32 > s.world_size and len(bigger.memory()) == 32
     with pytest.raises(PlanError, match=r"= 32 != ranks\(16\)"):
         s.dry_run(Plan(dp=8, tp=2, pp=2, batch_size=32), world=16)
+
+
+@pytest.mark.multirank
+def test_the_why_tree_names_sequence_parallels_gathers_live_and_dry(parity_steps):
+    """tp2 with sequence parallel: the tree (records.comm_tree) puts each block's input gathers
+    under the attention and the MLP that asked for them (the TP style's explicit S(1) -> R), and
+    each norm's Partial gradient, summed once after backward, under that norm; nothing is
+    implicit; the dry run's tree, every rank's from one simulated rank, is the live one."""
+    from test_parallel_parity import ALL
+
+    from interactive_parallel import dry_run
+    from interactive_parallel.records import comm_tree
+
+    live = [c for _, comms, _ in parity_steps["llama-tp2-sp", "fp32"].values() for c in comms]
+    tree = comm_tree(live)
+    nodes = {n.path: n for n in tree}
+    for i in range(4):
+        for block in ("self_attn", "mlp"):
+            gather = nodes[f"model.layers.{i}.{block} / redistribute / all_gather S(1) -> R on tp"]
+            assert (gather.count, gather.implicit, gather.ranks, gather.phase) == (2, 0, 2, "forward"), gather
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            reduced = nodes[f"model.layers.{i}.{norm} / redistribute / all_reduce P(sum) -> R on tp"]
+            assert (reduced.count, reduced.implicit, reduced.ranks, reduced.phase) == (2, 0, 2, "backward"), reduced
+    assert not any(n.implicit for n in tree)
+    tops = [n for n in tree if n.depth == 0]
+    assert sum(n.count for n in tops) == len(live) and sum(n.bytes for n in tops) == sum(c.bytes for c in live)
+    preset, fields = ALL["llama-tp2-sp"]
+    dry = dry_run(preset, Plan(**fields))
+    assert len(dry.simulated) == 1 and dry.explain_comms() == tree
+    assert dry.explain_comms(rank=1) == comm_tree(live, rank=1)

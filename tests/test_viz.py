@@ -330,7 +330,7 @@ def all_records():
 
 def test_figures_from_records_builds_all_with_data():
     figs = figures_from_records(all_records())
-    assert list(figs) == ["loss", "throughput", "memory", "comm_matrix", "comm_breakdown", "timeline",
+    assert list(figs) == ["loss", "throughput", "memory", "comm_matrix", "comm_breakdown", "comm_tree", "timeline",
                           "pipeline", "sharding-layer-bias", "sharding-layer-weight", "sharding-w3"]
     assert all(isinstance(f, go.Figure) and len(f.data) > 0 for f in figs.values())
     assert list(figures_from_records(make_steps())) == ["loss", "throughput"]

@@ -158,15 +158,15 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-train-button", "ip-interrupt-button", "ip-run-progress", "ip-run-status", "ip-prompts", "ip-max-tokens",
         "ip-do-sample", "ip-temperature", "ip-top-k", "ip-generate-button", "ip-generate-output", "ip-verify-button",
         "ip-save-button", "ip-load-checkpoint-button", "ip-export-button", "ip-views", "ip-loss-figure",
-        "ip-memory-figure", "ip-comm-matrix-figure", "ip-comm-breakdown-figure", "ip-timeline-figure",
-        "ip-layout-param", "ip-sharding-figure", "ip-pipeline-figure", "ip-serve-count", "ip-serve-gap",
+        "ip-memory-figure", "ip-comm-matrix-figure", "ip-comm-breakdown-figure", "ip-comm-tree-figure",
+        "ip-timeline-figure", "ip-layout-param", "ip-sharding-figure", "ip-pipeline-figure", "ip-serve-count", "ip-serve-gap",
         "ip-serve-max-tokens", "ip-serve-max-batch", "ip-serve-engine", "ip-serve-policy", "ip-serve-button",
         "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
         "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
         "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
         "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 18
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 19
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -187,7 +187,7 @@ def test_controls_sit_beside_the_figures_in_an_applayout():
     # the browser reports each figure's element width; the figure takes it, and keeps it on refresh
     fit = next(w for w in p.children if isinstance(w, FitFigures))
     assert set(fit.figures) == {f"ip-{n}-figure" for n in ("loss", "memory", "comm-matrix", "comm-breakdown",
-                                                          "timeline", "sharding", "pipeline", "tokens-per-step",
+                                                          "comm-tree", "timeline", "sharding", "pipeline", "tokens-per-step",
                                                           "kv-memory", "step-split", "request-timeline", "latency",
                                                           "quantization", "mesh", "expert-load", "tokens-moved",
                                                           "plans", "step-time")}
@@ -414,6 +414,8 @@ def test_dry_run_mode_lets_the_world_exceed_the_ranks_and_the_views_draw_its_rec
     assert "dry run: tiny-llama" in shown(views.messages["memory"])
     views.tab.selected_index = 2
     assert views.comm_breakdown.layout.title.text.endswith("(dry run)") and "no timeline" in shown(views.messages["communication"])
+    tree = views.comm_tree  # every one of the 16 virtual ranks' all_reduce, summed
+    assert tree.layout.title.text.endswith("(dry run)") and tree.data[0].customdata[0][0] == 16
     views.tab.selected_index = 3
     assert views.param.options == ("lm_head.weight", "model.embed_tokens.weight")
     assert views.sharding.layout.title.text.endswith("(dry run)")
@@ -505,6 +507,9 @@ def test_every_figure_follows_the_steps_while_training_runs():
     assert until(lambda: len(v.loss.data) == 5 and len(v.loss.data[0].x) >= 3)
     assert not job.done  # still training: what follows was drawn during the run
     assert v.comm_matrix.data and len(v.timeline.data) == 1
+    tree = v.comm_tree.data[0]  # why: each rank's bucket all-reduce, under the DDP bucket that issued it
+    assert list(tree.ids) == ["all collectives", "ddp bucket 0", "ddp bucket 0 / bucket all-reduce",
+                              "ddp bucket 0 / bucket all-reduce / all_reduce on dp"] and tree.values[0] == 4 * 460_000
     v.tab.selected_index = 1  # memory: drawn at once from what the session holds
     measured = [t.name for t in v.memory.data if "predicted" not in t.name]
     assert measured == ["params", "grads", "optimizer", "activations"]
@@ -714,6 +719,9 @@ def test_panel_drives_a_live_session(session4):
     assert p.error_text == "", p.error_text
     assert sorted(t.name for t in p.views.loss.data) == ["mean", "rank 0", "rank 1", "rank 2", "rank 3"]
     assert all(len(t.x) == 3 for t in p.views.loss.data) and p.views.comm_matrix.data
+    tree = p.views.comm_tree.data[0]  # the latest step's DDP buckets, named by the ranks' tracing
+    assert tree.values[0] > 0 and any(i.startswith("ddp bucket") for i in tree.ids), list(tree.ids)
+    assert list(tree.ids[1:]) == [n.path for n in s.explain_comms()]
     tokens = []
     r = p.run_section
     real_on_token = r._on_token

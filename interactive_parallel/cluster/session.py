@@ -4,13 +4,12 @@ Owns the public surface and nothing behind it: a Session composes the rank set (
 group, calls: cluster/rankset.py), built with its recovery collaborator (cluster/recovery.py),
 the telemetry store (every record the ranks sent: cluster/telemetry.py) and the model operations
 (cluster/model_ops.py), and declares every attribute in one place; its serving calls
-(cluster/session_serving.py), its planning calls (cluster/session_planning.py) and its debugging
-calls (cluster/session_debugging.py: fetch) are mixins
-that read those attributes (annotated there, assigned only here). Each remote action is written
-once as a coroutine `name_async`; its blocking twin `name` (what workshops type) is made by
-`blocking_twins`. Bad input is refused before any rank is touched. Never imports torch or
-widgets: a kernel that only drives ranks stays light, and the panel is
-`interactive_parallel.panel(session)`.
+(cluster/session_serving.py), its planning calls (cluster/session_planning.py) and its
+debugging calls (cluster/session_debugging.py) are mixins that read those attributes (annotated
+there, assigned only here). Each remote action is written once as a coroutine `name_async`; its
+blocking twin `name` (what workshops type) is made by `blocking_twins`. Bad input is refused
+before any rank is touched. Never imports torch or widgets: a kernel that only drives ranks stays
+light, and the panel is `interactive_parallel.panel(session)`.
 """
 from __future__ import annotations
 

@@ -1,30 +1,37 @@
 """The Session's debugging surface: questions a researcher hunting a wrong layout asks of the
-laid-out model without training it.
+laid-out model and of what its ranks did.
 
-Owns the public calls made beside `layout()`: the layout lint (`check_layout`) and any rank's
-tensor (`fetch`). A mixin of Session, like session_planning.py: stateless, it reads the
-Session's model operations and rank set (annotated here, assigned by Session); each remote call
-is written once as `name_async`, its blocking twin made by `blocking_twins`; bad input is refused
-before any rank is touched. Knows nothing of torch or of how the ranks answer (the bodies:
-cluster/fetch.py, runtime.api, runtime/layout/lint.py).
+Owns the public calls made beside `layout()`: the layout lint (`check_layout`), any rank's
+tensor (`fetch`) and why each collective of a step happened (`explain_comms`, a grouping of the
+telemetry the client already holds: no remote call). A mixin of Session, like
+session_planning.py: stateless, it reads the Session's model operations, rank set, telemetry
+and world size (annotated here, assigned by Session); each remote call is written once as
+`name_async`, its blocking twin made by `blocking_twins`; bad input is refused before any rank
+is touched. Knows nothing of torch or of how the ranks answer (the bodies: cluster/fetch.py,
+runtime.api, runtime/layout/lint.py), nor of how a cause is read on a rank
+(runtime/probes/causes.py) or how the tree is grouped (records/comm_tree.py).
 """
 from __future__ import annotations
 
-from ..records import RecordList, TensorKind
+from ..records import RecordList, TensorKind, comm_tree
 from ..records.lint import LINT_COLUMNS, merged
 from ..runtime import api
 from .fetch import FULL_LIMIT_BYTES, Fetched, fetch
 from .model_ops import ModelOps
 from .rankset import RankSet
+from .telemetry import Telemetry
 from .twins import blocking_twins
 
 
 @blocking_twins
 class SessionDebugging:
-    """Layout checks and tensor reads on the Session (see the module docstring)."""
+    """Layout checks, tensor reads and the causes of a step's collectives, on the Session (see
+    the module docstring)."""
 
     ranks: RankSet
     model: ModelOps
+    telemetry: Telemetry
+    world_size: int
 
     # ---- the layout lint (runtime/layout/lint.py) ------------------------------------------------
     async def check_layout_async(self) -> RecordList:
@@ -58,3 +65,16 @@ class SessionDebugging:
         the parameter (a pipeline stage it does not run: naming the ranks that do), an unknown
         `what`, no layout applied."""
         return await fetch(self.model, self.ranks, name, rank, full, what, limit_bytes)
+
+    # ---- why each collective happened (records/comm_tree.py) --------------------------------------
+    def explain_comms(self, steps: int | None = None, rank: int | None = None) -> RecordList:
+        """The collectives of the latest step (or the last `steps` steps, summed) as a tree of
+        their causes: each module (or wrapper unit), the ops inside it that needed collectives,
+        and the collectives each op needed (op, mesh axis, placements before -> after), every
+        node with count, bytes and axis, implicit redistributes counted (CommNodes, depth
+        first, largest first: records/comm_tree.py). Summed over every rank, or `rank`'s alone.
+        A grouping of `comms()`: no remote call, nothing measured again."""
+        if rank is not None and not (isinstance(rank, int) and 0 <= rank < self.world_size):
+            raise ValueError(f"rank {rank!r} is outside this session: ranks are 0..{self.world_size - 1} "
+                             f"(world size {self.world_size})")
+        return comm_tree(self.telemetry.comms(steps, raw=True), rank=rank)

@@ -5,7 +5,8 @@ every tensor held, from plan.inventory.local_tensors; only FSDP over a dimension
 divide evenly makes ranks of one stage differ) and how a representative's records become
 another rank's of its class (`move`: groups and peers follow the mesh; `DryRun.mover`, the
 simulator's, recomputes index ranges), and the DryRun that holds them: `memory()`, `comms()`,
-`layout()`, `lint()`, the same record types a live Session returns, so viz/ and the panel draw both.
+`layout()`, `lint()`, `explain_comms()`, the same record types a live Session returns, so viz/
+and the panel draw both.
 Pure Python: knows no torch and nothing of how ranks are simulated (runtime/client/dryrun.py).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
-from ..records import CommRecord, LintFinding, MemoryRecord, RecordList, ShardRecord, StepRecord
+from ..records import CommRecord, LintFinding, MemoryRecord, RecordList, ShardRecord, StepRecord, comm_tree
 from ..records.lint import LINT_COLUMNS, merged
 from .axes import MESH_ORDER, MeshAxis, expert_groups, mesh_coords, mesh_rank
 from .inventory import local_tensors
@@ -90,7 +91,8 @@ class DryRun:
     """The records of a plan laid over `world` virtual ranks, as a live session would hold them.
 
     memory(): a MemoryRecord per rank; comms(ranks): the CommRecords of one training step;
-    layout(rank=..., param=...): ShardRecords of a rank, or of one parameter on every rank.
+    layout(rank=..., param=...): ShardRecords of a rank, or of one parameter on every rank;
+    explain_comms(rank=None): the comms grouped by their cause (CommNodes).
     Records of ranks that were not simulated are their class representative's, moved.
     """
 
@@ -134,6 +136,21 @@ class DryRun:
     def comms(self, ranks: Iterable[int] | int | None = None) -> RecordList:
         """CommRecords of one step of a rank, of several, or (None) of every rank."""
         return RecordList(self.iter_comms([ranks] if isinstance(ranks, int) else ranks))
+
+    def explain_comms(self, rank: int | None = None) -> RecordList:
+        """One step's collectives as a tree of their causes (records.comm_tree: module -> op that
+        needed it -> collective, with count, bytes and axis; implicit redistributes counted), as
+        Session.explain_comms gives a live step's: summed over every rank (each class's
+        representative counted once per rank of its class, so a 1,024-rank mesh costs what its
+        few simulated ranks do), or `rank`'s alone."""
+        if rank is not None:
+            if not 0 <= rank < self.world:
+                raise ValueError(f"rank {rank} is outside the mesh of {self.world} ranks")
+            return comm_tree(self.comms(rank), rank=rank)
+        weights: dict[int, int] = {}
+        for rep in self.classes.values():
+            weights[rep] = weights.get(rep, 0) + 1
+        return comm_tree((c for rep in self.representatives for c in self.simulated[rep].comms), weights=weights)
 
     def layout(self, rank: int | None = None, param: str | None = None) -> RecordList:
         """ShardRecords: every parameter `rank` holds, or `param` on every rank holding it."""

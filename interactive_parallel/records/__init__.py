@@ -3,12 +3,14 @@
 Ranks build records and ship the objects themselves (ipyparallel pickles them); the client
 keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files and reports.
 One module per subject: base (the dict mechanism every record shares, the registry of kinds,
-tables), training, schedule, hardware (a machine profile, calibration samples, a predicted step) (a pipeline schedule as torch simulates it), inference, ranks,
+tables), training, comm_tree (a step's collectives grouped by their cause: module, op,
+collective), schedule, hardware (a machine profile, calibration samples, a predicted step) (a pipeline schedule as torch simulates it), inference, ranks,
 state (a layout's state and the scratch directory), lint (what the layout lint found).
 Options going to the ranks and answers coming back are records too: nothing else crosses.
 Knows nothing of torch, ipyparallel or plotly.
 """
 from .base import RECORD_TYPES, Record, RecordList, from_dict, table
+from .comm_tree import CommNode, comm_tree
 from .hardware import CalibrationSample, HardwareProfile, Link, StepPrediction
 from .lint import LintFinding, LintKind, LintSeverity
 from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord, Request, RequestRecord,
@@ -22,7 +24,7 @@ from .training import (TENSOR_KINDS, CommRecord, DataKind, DataSource, ExpertRec
 
 __all__ = [
     "RECORD_TYPES", "Record", "RecordList", "from_dict", "table", "ClockRecord", "CommEstimate",
-    "CommRecord", "DecodeStep", "ExpertRecord", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
+    "CommRecord", "CommNode", "comm_tree", "DecodeStep", "ExpertRecord", "FaultSpec", "Generation", "MemoryRecord", "ParamDiff",
     "PipelineEvent", "QuantizeRecord", "RankInfo", "Request", "RequestRecord", "ServeResult",
     "ShardRecord", "StepRecord", "TokenRecord", "VerifyReport", "GenerateOptions", "ServeEngine", "ServeOptions",
     "ServePolicy", "GroupMember", "HostMemory", "NetworkFacts", "FaultKind", "FaultPlace", "RankFacts",

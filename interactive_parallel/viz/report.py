@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from ..records import (CommRecord, DecodeStep, ExpertRecord, MemoryRecord, PipelineEvent, QuantizeRecord, Record,
                        ServeResult, ShardRecord, StepRecord)
+from .comm_tree import comm_tree_figure
 from .comms import comm_breakdown_figure, comm_matrix_figure
 from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
 from .experts import expert_load_figure, expert_load_over_steps_figure, tokens_moved_figure
@@ -86,9 +87,11 @@ def _sharding_params(shards: list[ShardRecord]) -> list[str]:
 
 def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figure]:
     """Every figure the records have data for, keyed for `write_report`: loss, throughput, memory,
-    comm_matrix, comm_breakdown, timeline and pipeline (the latest step), sharding-<param> for one param of each
-    distinct layout, expert_load, expert_imbalance and tokens_moved for a mixture of experts, and for inference: tokens_per_step, kv_memory, step_split (DecodeSteps), requests and
-    latency (a ServeResult's requests), quantization. Records of other kinds (RankInfo) are ignored."""
+    comm_matrix, comm_breakdown, comm_tree (why each collective happened) and timeline (these two of
+    the latest step), pipeline, sharding-<param> for one param of each distinct layout,
+    expert_load, expert_imbalance and tokens_moved for a mixture of experts, and for inference:
+    tokens_per_step, kv_memory, step_split (DecodeSteps), requests and latency (a ServeResult's
+    requests), quantization. Records of other kinds (RankInfo) are ignored."""
     by_kind: dict[type, list[Record]] = {}
     for rec in records or ():
         if not isinstance(rec, Record):
@@ -106,6 +109,8 @@ def figures_from_records(records: Iterable[Record] | None) -> dict[str, go.Figur
     if comms:
         figs["comm_matrix"] = comm_matrix_figure(comms)
         figs["comm_breakdown"] = comm_breakdown_figure(comms)
+        latest = max(c.step for c in comms)  # why a step's collectives happened: one step's
+        figs["comm_tree"] = comm_tree_figure([c for c in comms if c.step == latest])
     timed = [r.step for r in [*comms, *events] if is_timed(r)]
     if timed:  # the latest step only: a timeline of many steps is too dense to read
         figs["timeline"] = timeline_figure(comms, events, steps=max(timed))

@@ -4,8 +4,11 @@ decoding, requests, quantization, experts) and the "Which plan?" page (plans).
 Owns one FigureWidget per figure, built once and refreshed in place from the pure viz/
 functions, and when each is redrawn. Loss, memory, communication, pipeline and experts (a
 mixture-of-experts model's routing) come from the telemetry the Session already holds
-(`history`, `memory()`, `comms()`, `timeline()`, `experts()`: local reads, no remote call), so
-while the ranks train the loss and the open tab are redrawn as steps arrive (at most every `live_interval` seconds; a tab opened meanwhile is drawn at once).
+(`history`, `memory()`, `comms()`, `timeline()`, `experts()`: local reads, no remote call;
+the communication tab draws the comm matrix, the bytes per axis and op, and why each collective
+happened: viz.comm_tree_figure, the tree `explain_comms()` returns), so while the ranks train
+the loss and the open tab are redrawn as steps arrive (at most every `live_interval` seconds; a
+tab opened meanwhile is drawn at once).
 The predicted memory beside the measured is `session.predict_memory()`, once per plan. The
 layout is `session.layout()` (a remote call, cached by the Session per applied plan): read once
 per plan, when its tab is open and the ranks are not busy; a click on a block of its map fetches
@@ -76,6 +79,7 @@ def _empty_figures() -> dict[str, Any]:
         ("ip-memory-figure", viz.memory_figure(None), 360),
         ("ip-comm-matrix-figure", viz.comm_matrix_figure(None), 320),
         ("ip-comm-breakdown-figure", viz.comm_breakdown_figure(None), 320),
+        ("ip-comm-tree-figure", viz.comm_tree_figure(None), 420),
         ("ip-timeline-figure", viz.timeline_figure(None), 360),
         ("ip-sharding-figure", viz.sharding_figure(None), 420),
         ("ip-pipeline-figure", viz.pipeline_figure(None), 360),
@@ -102,7 +106,7 @@ class ViewsSection:
         self.live_interval = LIVE_INTERVAL_S
         self.figures = _empty_figures()
         """CSS class -> FigureWidget (the browser test finds them by it; widgets/fit.py sizes them by it)."""
-        (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.timeline, self.sharding,
+        (self.loss, self.memory, self.comm_matrix, self.comm_breakdown, self.comm_tree, self.timeline, self.sharding,
          self.pipeline, self.tokens_per_step, self.kv_memory, self.step_split, self.request_timeline, self.latency,
          self.quantization, self.expert_load, self.tokens_moved) = self.figures.values()
         self.figures.update(plans.figures)
@@ -120,7 +124,7 @@ class ViewsSection:
             "loss": [self.loss],
             "memory": [self.memory],
             "communication": [W.GridBox([self.comm_matrix, self.comm_breakdown], layout=W.Layout(
-                grid_template_columns=SIDE_BY_SIDE)), self.timeline],
+                grid_template_columns=SIDE_BY_SIDE)), self.comm_tree, self.timeline],
             "layout": [self.param, W.GridBox([self.sharding, self.peek.html], layout=W.Layout(
                 grid_template_columns=SIDE_BY_SIDE)), self.layout_table],
             "pipeline": [self.pipeline],
@@ -218,6 +222,7 @@ class ViewsSection:
         comms = s.comms()
         refresh(self.comm_matrix, viz.comm_matrix_figure(comms))
         refresh(self.comm_breakdown, viz.comm_breakdown_figure(comms))
+        refresh(self.comm_tree, viz.comm_tree_figure(comms))
         events = s.timeline()
         refresh(self.timeline, viz.timeline_figure([e for e in events if isinstance(e, CommRecord)],
                                                    [e for e in events if isinstance(e, PipelineEvent)]))
@@ -310,6 +315,8 @@ class ViewsSection:
         comms = dry.comms(shown_ranks(dry))
         for widget, draw in ((self.comm_matrix, viz.comm_matrix_figure), (self.comm_breakdown, viz.comm_breakdown_figure)):
             refresh(widget, dry_labelled(draw(comms)))
+        # every rank's, each class counted once per rank of it: the tree stays cheap on a large mesh
+        refresh(self.comm_tree, dry_labelled(viz.comm_tree_figure(dry.explain_comms())))
         refresh(self.timeline, viz.timeline_figure(None))
         return label(dry) + note("no timeline in a dry run: nothing ran")
 
