@@ -96,10 +96,11 @@ class FakeSession:
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
-                          on_step: Callable[[list[StepRecord]], None] | None = None,
+                          max_grad_norm: float | None = None, on_step: Callable[[list[StepRecord]], None] | None = None,
                           snapshot_every: int | None = None, data: str | None = None) -> RecordList:
         self._data = data if data is not None else getattr(self, "_data", None)  # kept, as Session keeps it
-        knobs = dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr, precision=precision)
+        knobs = dict(batch_size=batch_size, seq_len=seq_len, grad_accum=grad_accum, lr=lr, precision=precision,
+                     max_grad_norm=max_grad_norm)
         self.calls.append(("train", steps, knobs))  # snapshots have nothing to keep here
         self._require_model()
         self._stop.clear()
@@ -128,8 +129,9 @@ class FakeSession:
         events = [PipelineEvent(rank=rank, step=step, stage=rank % pp, microbatch=m, action=a, start=t + 0.01 * k,
                                 end=t + 0.01 * k + 0.008)
                   for k, (m, a) in enumerate([(0, "F"), (1, "F"), (0, "B"), (1, "B")])] if pp > 1 else []
+        clipped = self._plan.max_grad_norm > 0 if self._plan else False  # the same norm on every rank, as live
         return StepRecord(rank=rank, step=step, loss=5.0 - 0.1 * step + 0.01 * rank, tokens=128, time_s=0.01,
-                          plan=self._plan.describe(),
+                          plan=self._plan.describe(), grad_norm=3.0 / (1 + step) if clipped else None,
                           memory=MemoryRecord(rank=rank, step=step, params=460_000, grads=460_000, optimizer=920_000,
                                               activations=10_000 + step),
                           comms=[CommRecord(rank=rank, step=step, op="all_reduce", bytes=460_000, dtype="float32",

@@ -19,16 +19,17 @@ def train_and_grads(spec, plan: Plan, steps: int) -> dict:
 
     par = parallelize(spec, plan)
     opt = make_optimizer(par)
-    losses, first = [], None
+    losses, norms, first = [], [], None
     for step in range(steps):
         rec = train_step(par, opt, step)
         losses.append(global_loss(par, rec.loss))
+        norms.append(rec.grad_norm)
         first = first or rec
     loss, grads = loss_and_grads(par, steps)
     weights = par.full_state_dict()
     state.get().reset_model()
     return {"losses": losses + [loss], "grads": grads, "weights": weights, "memory": first.memory,
-            "comms": first.comms}
+            "comms": first.comms, "grad_norms": norms}
 
 
 def assert_parity(got: dict, ref: dict, tols: tuple[float, float, float], label: str = "") -> None:

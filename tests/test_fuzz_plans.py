@@ -43,9 +43,10 @@ FIELDS = {
     "grad_accum": [1, 2, 4, 3],
     "precision": ["fp32", "bf16", "fp16", "fp8", 32],
     "lr": [1e-3, 1e-4, 0.5, 0.0, -1e-3, math.inf, math.nan, "1e-3", 1],
+    "max_grad_norm": [0.0, 1.0, 0.5, 1e-6, -1.0, math.inf, math.nan],
     "seed": [0, 1, 7, -1, 2**63, 2**63 - 1, 1.5],
 }
-KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision")
+KNOBS = ("batch_size", "seq_len", "grad_accum", "lr", "precision", "max_grad_norm")
 
 
 def _value(rng: random.Random, name: str):

@@ -2,7 +2,8 @@
 
 Each world size is spawned once (module fixture) and runs all its plans in turn; the
 tests then compare per-step losses of 3 AdamW steps (fp32), the loss and full gradients
-of the next batch, and the final weights with the single-process run.
+of the next batch, and the final weights with the single-process run; each plan runs a second
+time with gradient clipping (Plan.max_grad_norm), its norms compared too.
 Tolerances (absolute): loss LOSS_TOL = 1e-5, gradients GRAD_TOL = 1e-5, weights after
 3 AdamW steps WEIGHT_TOL = 1e-4 (AdamW divides by sqrt(v): a gradient that differs by
 1e-8 where it is itself ~1e-8 moves a weight by up to lr = 1e-3 times a ratio, so
@@ -67,11 +68,22 @@ CONFIGS_4 = [
 ALL = {label: (preset, fields) for label, preset, fields in CONFIGS_2 + CONFIGS_4}
 
 
+CLIP = 1.0
+"""max_grad_norm of the clipped runs (torchtitan's and transformers' Trainer's default): below
+every step's norm here (2.1-4.7), so every step clips."""
+NORM_TOL = 1e-5
+"""The norm before clipping, relative: the same squares summed in another order."""
+
+
+def clipped(configs: list[tuple]) -> list[tuple]:
+    return [(f"{label}-clip", preset, {**fields, "max_grad_norm": CLIP}) for label, preset, fields in configs]
+
+
 @pytest.fixture(scope="module")
 def results():
     out = {}
-    out.update(run_ranks(W.parity_group, 2, CONFIGS_2, STEPS)[0])
-    out.update(run_ranks(W.parity_group, 4, CONFIGS_4, STEPS)[0])
+    out.update(run_ranks(W.parity_group, 2, CONFIGS_2 + clipped(CONFIGS_2), STEPS)[0])
+    out.update(run_ranks(W.parity_group, 4, CONFIGS_4 + clipped(CONFIGS_4), STEPS)[0])
     return out
 
 
@@ -86,3 +98,16 @@ def test_parity(results, label):
     assert dloss <= LOSS_TOL, f"{label}: losses {got['losses']} vs {ref['losses']}"
     assert dgrad <= GRAD_TOL, f"{label}: max gradient difference {dgrad:.3e}"
     assert dweight <= WEIGHT_TOL, f"{label}: max weight difference {dweight:.3e}"
+
+
+@pytest.mark.parametrize("label", list(ALL))
+def test_parity_with_gradient_clipping(results, label):
+    """Plan.max_grad_norm clips on the whole model's norm (every shard, axis and stage, a tied
+    weight once) exactly as one process clips: the same norms, losses, gradients and weights."""
+    preset, fields = ALL[label]
+    ref = W.reference(preset, {**fields, "max_grad_norm": CLIP}, STEPS)
+    got = results[f"{label}-clip"]
+    assert all(n > CLIP for n in ref["grad_norms"]), ref["grad_norms"]  # every step clipped
+    for a, b in zip(got["grad_norms"], ref["grad_norms"]):
+        assert a == pytest.approx(b, rel=NORM_TOL), (label, got["grad_norms"], ref["grad_norms"])
+    W.assert_parity(got, ref, (LOSS_TOL, GRAD_TOL, WEIGHT_TOL), label)

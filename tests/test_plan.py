@@ -66,6 +66,17 @@ def test_wrong_types_and_non_finite_numbers_are_problems_not_crashes():
         "lr(nan) must be a finite number > 0", "seed(-1) must be in 0 .. 2**63 - 1", "virtual_stages(0) must be >= 1"]
 
 
+def test_gradient_clipping_takes_a_norm_of_zero_or_more_and_is_refused_with_ep():
+    assert validate(Plan(max_grad_norm=1.0), 1) == [] and validate(Plan(max_grad_norm=0), 1) == []  # 0: off
+    assert validate(Plan(max_grad_norm=-1.0), 1) == ["max_grad_norm(-1.0) must be a finite number >= 0 (0: no clipping)"]
+    assert validate(Plan(max_grad_norm=float("inf")), 1) == [
+        "max_grad_norm(inf) must be a finite number >= 0 (0: no clipping)"]
+    assert validate(Plan(max_grad_norm="1"), 1) == ["max_grad_norm('1') must be a float, not str"]
+    problems = validate(Plan(dp=2, ep=2, max_grad_norm=1.0), 2)
+    assert any(p.startswith("max_grad_norm(1.0) with ep(2) is not supported yet") for p in problems), problems
+    assert Plan(dp=2, max_grad_norm=1.0).same_layout(Plan(dp=2))  # a training knob: no re-layout
+
+
 def test_fp16_refused_on_cpu_and_cuda_without_gpu():
     """(So the scaler's parity under tp2, tests/test_scaler.py, runs in fp32 on this machine.)"""
     problems = validate(Plan(tp=2, batch_size=2, seq_len=16, precision="fp16"), 2, LLAMA)

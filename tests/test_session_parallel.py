@@ -53,6 +53,25 @@ def test_verify_report_under_a_2d_plan(session4):
     assert from_dict(report.to_dict()) == report  # nested ParamDiff records come back as records
 
 
+def test_gradient_clipping_records_the_norm_names_its_all_reduce_and_verifies(session4):
+    """train(max_grad_norm=...) clips on the whole model's norm: every rank records the same
+    norm, the ledger names the norm's all-reduce (tp's shards; dp's replicas hold the same), and
+    verify() compares with one process clipped the same way."""
+    s = session4
+    s.load_model("tiny-llama")
+    s.apply(Plan(dp=2, tp=2, batch_size=8, seq_len=32))
+    assert all(r.grad_norm is None for r in s.train(steps=1))  # 0: no clipping, no norm
+    recs = s.train(steps=2, max_grad_norm=1.0)
+    assert s.plan.max_grad_norm == 1.0 and s.plan.dp == 2 and s.plan.tp == 2  # a knob: the layout is kept
+    for step in {r.step for r in recs}:
+        norms = [r.grad_norm for r in recs if r.step == step]
+        assert len(norms) == 4 and max(norms) == pytest.approx(min(norms), rel=1e-6) and min(norms) > 1.0, norms
+    clip = [c for r in recs for c in r.comms if c.module == "clip_grad_norm"]
+    assert clip and {(c.op, c.axis, c.phase) for c in clip} == {("all_reduce", "tp", "optimizer")}, clip
+    report = s.verify()
+    assert report.ok, str(report)
+
+
 def test_checkpoint_saved_under_one_plan_loads_under_another(session4, tmp_path):
     s = session4
     s.load_model("tiny-llama")

@@ -152,6 +152,17 @@ def test_loss_one_line_per_rank_and_mean_skipping_nan():
         assert mean.y[i] == pytest.approx(sum(2.0 - 0.1 * s + 0.01 * r for r in (0, 2, 3)) / 3)
 
 
+def test_loss_figure_shows_the_gradient_norm_when_clipping():
+    from dataclasses import replace
+
+    clipped = [replace(r, grad_norm=3.0 / (1 + r.step)) for r in make_steps()]  # every rank: the model's norm
+    fig = loss_figure(clipped)
+    assert names(fig) == ["rank 0", "rank 2", "rank 3", "mean", "gradient norm (before clipping)"]
+    norm = fig.data[-1]
+    assert list(norm.x) == [0, 1, 2] and list(norm.y) == [3.0, 1.5, 1.0] and norm.yaxis == "y2"
+    assert fig.layout.yaxis2.title.text == "gradient norm" and fig.layout.yaxis2.overlaying == "y"
+
+
 def test_loss_all_nan_is_empty():
     assert is_empty_state(loss_figure([StepRecord(rank=0, step=0, loss=math.nan, tokens=1, time_s=1.0)]))
 

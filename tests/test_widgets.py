@@ -462,7 +462,8 @@ def test_each_button_calls_the_session_and_shows_its_result():
     p.plan_section.fields["lr"].value = 2e-3
     p.train(3)
     assert p.wait(10)
-    assert asked(s)[-1] == ("train", 3, dict(batch_size=8, seq_len=64, grad_accum=1, lr=2e-3, precision="fp32"))
+    assert asked(s)[-1] == ("train", 3, dict(batch_size=8, seq_len=64, grad_accum=1, lr=2e-3, precision="fp32",
+                                                max_grad_norm=0.0))
     assert p.run_section.progress.value == 3 and "done: 3 steps" in p.run_section.status.value
     loss = p.views.loss
     assert [t.name for t in loss.data] == ["rank 0", "rank 1", "rank 2", "rank 3", "mean"]

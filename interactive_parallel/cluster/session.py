@@ -234,14 +234,14 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
 
     async def train_async(self, steps: int = 1, *, batch_size: int | None = None, seq_len: int | None = None,
                           grad_accum: int | None = None, lr: float | None = None, precision: str | None = None,
-                          on_step: Callable[[list[StepRecord]], None] | None = None,
+                          max_grad_norm: float | None = None, on_step: Callable[[list[StepRecord]], None] | None = None,
                           snapshot_every: int | None = None, data: str | None = None) -> RecordList:
         """Run `steps` optimizer steps in one call to the ranks; every rank's StepRecords (also in
         .history), each carrying the memory, comms and compute intervals the probes measured.
 
         The records stream back while the ranks train: `on_step(records)` is called as each step
-        completes on every rank. Keyword overrides (batch_size, seq_len, grad_accum, lr, precision)
-        change the plan's training knobs, validated before any rank is touched. `interrupt()`
+        completes on every rank. Keyword overrides (batch_size, seq_len, grad_accum, lr, precision,
+        max_grad_norm) change the plan's training knobs, validated before any rank is touched. `interrupt()`
         ends every rank at the same step boundary. A rank that raises gives a RankError naming
         it; the steps done before it are kept. Every `snapshot_every` steps (default: the
         session's) the ranks snapshot weights and optimizer state: after a rank dies, the next
@@ -258,7 +258,7 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
         unreadable text, or one shorter than one batch (rank 0 counts its tokens), is refused
         before any rank trains, with the numbers."""
         return await self.model.train(steps, on_step, snapshot_every, data, batch_size=batch_size, seq_len=seq_len,
-                                      grad_accum=grad_accum, lr=lr, precision=precision)
+                                      grad_accum=grad_accum, lr=lr, precision=precision, max_grad_norm=max_grad_norm)
 
     def interrupt(self) -> None:
         """Stop a running train(), generate() or serve() at the ranks' next boundary (safe from any thread)."""

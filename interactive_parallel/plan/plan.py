@@ -34,7 +34,7 @@ PRECISIONS: tuple[str, ...] = typing.get_args(Precision)
 PP_SCHEDULES: tuple[str, ...] = SCHEDULE_NAMES
 CP_METHODS: tuple[str, ...] = typing.get_args(CpMethod)
 RECOMPUTES: tuple[str, ...] = typing.get_args(Recompute)
-TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "seed")
+TRAINING_FIELDS = ("batch_size", "seq_len", "grad_accum", "microbatches", "lr", "max_grad_norm", "seed")
 """Plan fields that do not change which shards a rank holds."""
 SEED_LIMIT = 2**63
 """Seeds torch's generators take (torch.manual_seed refuses 2**64 and above)."""
@@ -116,6 +116,10 @@ class Plan:
     """'fp32', 'bf16' (autocast) or 'fp16' (autocast with a gradient scaler; CUDA only)."""
     lr: float = 1e-3
     """AdamW learning rate."""
+    max_grad_norm: float = 0.0
+    """Clip the gradient to this total norm, taken over the whole model (every shard, axis and
+    pipeline stage) as one process would take it; 0: no clipping (torchtitan and transformers'
+    Trainer use 1.0)."""
     seed: int = 0
     """Seed of weights and data: the same seed gives the same run under every plan."""
 

@@ -52,6 +52,8 @@ def validate(plan: Plan, world_size: int, spec: ModelSpec | None = None, *,
         problems.append(f"cp_method {plan.cp_method!r} is not one of {', '.join(CP_METHODS)}")
     if not math.isfinite(plan.lr) or plan.lr <= 0:
         problems.append(f"lr({plan.lr}) must be a finite number > 0")
+    if not math.isfinite(plan.max_grad_norm) or plan.max_grad_norm < 0:
+        problems.append(f"max_grad_norm({plan.max_grad_norm}) must be a finite number >= 0 (0: no clipping)")
     if not 0 <= plan.seed < SEED_LIMIT:
         problems.append(f"seed({plan.seed}) must be in 0 .. 2**63 - 1")
     if plan.recompute not in RECOMPUTES:
@@ -120,6 +122,10 @@ def _combination_problems(plan: Plan) -> list[str]:
         if plan.data_ranks % plan.ep:
             problems.append(f"ep({plan.ep}) does not divide dp*fsdp*cp({plan.data_ranks}): expert parallelism rides on "
                             "the data-parallel ranks")
+        if plan.max_grad_norm > 0:
+            problems.append(f"max_grad_norm({plan.max_grad_norm}) with ep({plan.ep}) is not supported yet: each rank "
+                            "holds its experts as plain tensors, whose norm the clip cannot tell from a replica's; "
+                            "clip without ep, or train the experts unclipped (max_grad_norm=0)")
     if plan.cp > 1 and plan.pp > 1:
         problems.append(f"cp({plan.cp}) with pp({plan.pp}) is not supported: context-parallel attention "
                         "needs the position ids that pipeline stages do not pass on")

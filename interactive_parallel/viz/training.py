@@ -31,7 +31,8 @@ def _latest_by_rank_step(steps: list[StepRecord]) -> dict[int, dict[int, StepRec
 
 
 def loss_figure(steps: Iterable[StepRecord] | None) -> go.Figure:
-    """Loss per step: a thin line per rank (`rank N`) and a thick `mean` line over ranks.
+    """Loss per step: a thin line per rank (`rank N`) and a thick `mean` line over ranks; under
+    gradient clipping also the gradient's norm per step on a right-hand axis.
 
     NaN or None losses are skipped; a rank that only ever reported NaN gets no trace. The mean of a
     step is over the ranks that reported a finite loss for it.
@@ -61,7 +62,22 @@ def loss_figure(steps: Iterable[StepRecord] | None) -> go.Figure:
         hovertemplate="mean<br>step %{x}<br>loss %{y:.4f}<extra></extra>"))
     if len(xs) <= 12:
         fig.update_xaxes(dtick=1)  # steps are whole numbers: no 0.5 ticks on short runs
+    _add_grad_norm(fig, recs)
     return styled(fig, title, xt, yt, hovermode="closest", legend_title_text="")
+
+
+def _add_grad_norm(fig: go.Figure, recs: list[StepRecord]) -> None:
+    """Under gradient clipping (Plan.max_grad_norm), the gradient's norm before clipping per step
+    (one number per step: every rank takes the whole model's), dashed, on a right-hand axis."""
+    norms = {r.step: float(r.grad_norm) for r in recs if r.grad_norm is not None and not is_missing(r.grad_norm)}
+    if not norms:
+        return
+    xs = sorted(norms)
+    fig.add_trace(go.Scatter(
+        x=xs, y=[norms[s] for s in xs], mode="lines", name="gradient norm (before clipping)", yaxis="y2",
+        line=dict(color="grey", width=2, dash="dash"),
+        hovertemplate="gradient norm<br>step %{x}<br>%{y:.4f}<extra></extra>"))
+    fig.update_layout(yaxis2=dict(title="gradient norm", overlaying="y", side="right", showgrid=False))
 
 
 def throughput_figure(steps: Iterable[StepRecord] | None) -> go.Figure:

@@ -176,6 +176,7 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
         total = forward_backward(par, batch, scaler)
         if after_backward is not None:
             after_backward()
+        norm = _clip(par, optimizer, scaler) if plan.max_grad_norm > 0 else None
         if scaler:
             scaler.step(optimizer)
             scaler.update()
@@ -185,5 +186,16 @@ def train_step(par: Parallelized, optimizer, step: int, *, scaler=None, rank: in
     memory, comms, events = probe.records()
     return StepRecord(rank=rank, step=step, loss=total if par.sees_loss else math.nan,
                       tokens=int(batch[:, :-1].numel()), time_s=time.perf_counter() - t0,
-                      plan=plan.describe(), lr=plan.lr, memory=memory, comms=comms, events=events,
+                      plan=plan.describe(), grad_norm=norm, lr=plan.lr, memory=memory, comms=comms, events=events,
                       experts=par.routing.take(step, rank) if par.routing is not None else [])
+
+
+def _clip(par: Parallelized, optimizer, scaler) -> float:
+    """The gradients clipped to plan.max_grad_norm (unscaled first under fp16: the scaler then
+    knows not to unscale them again); the norm before clipping."""
+    from .clip import clip_grad_norm
+
+    if scaler:
+        scaler.unscale_(optimizer)
+    params = list({id(p): p for g in optimizer.param_groups for p in g["params"]}.values())
+    return clip_grad_norm(par, params, par.plan.max_grad_norm)

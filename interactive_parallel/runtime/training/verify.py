@@ -62,7 +62,7 @@ def loss_and_grads(par: Parallelized, step: int) -> tuple[float, dict[str, torch
 
 def reference_plan(plan: Plan) -> Plan:
     return Plan(device=plan.device, batch_size=plan.batch_size, seq_len=plan.seq_len, grad_accum=plan.grad_accum,
-                precision=plan.precision, lr=plan.lr, seed=plan.seed)
+                precision=plan.precision, lr=plan.lr, max_grad_norm=plan.max_grad_norm, seed=plan.seed)
 
 
 def reference_bytes(par: Parallelized) -> int:
