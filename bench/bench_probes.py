@@ -3,7 +3,8 @@ mode, on spawned gloo ranks.
 
 Prints a table: median step time of tiny-llama with probes on vs off, and with the probes on,
 tracing (runtime/probes/causes.py) off vs on (steps interleaved on/off so load drift hits both
-alike), and with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for a tiny all_reduce and a step.
+alike), with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for a tiny all_reduce and a step, and with
+torch's flight recorder off vs on (runtime/probes/recorder.py; the session's default size).
 Run: .venv/bin/python bench/bench_probes.py [--ranks 4]
 Knows nothing of pytest; uses tests/mp_harness.py to start the ranks.
 """
@@ -63,6 +64,8 @@ def _all_reduce(rank: int, n: int) -> float:
 def main() -> None:
     from mp_harness import run_ranks
 
+    from interactive_parallel.records.stacks import RECORDER_ENTRIES
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
@@ -83,6 +86,14 @@ def main() -> None:
         st = max(run_ranks(_steps, args.ranks, dict(fsdp=4), 10, False), key=lambda d: d["on"])["on"]
         rows.append((f"debug {debug}: all_reduce(16 floats) / fsdp=4 step", ar, st))
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    for fields in (dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2)):
+        label = ",".join(f"{k}={v}" for k, v in fields.items())
+        got = {}
+        for entries in ("0", str(RECORDER_ENTRIES)):  # read by torch when each rank's group is made
+            os.environ["TORCH_FR_BUFFER_SIZE"] = entries
+            got[entries] = max(run_ranks(_steps, args.ranks, fields, 10, False), key=lambda d: d["on"])["on"]
+        rows.append((f"step {label}: flight recorder off / on", got["0"], got[str(RECORDER_ENTRIES)]))
+    os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
     print(f"{'case':52s} {'a (ms)':>9s} {'b (ms)':>9s} {'b/a':>6s}")
     for name, a, b in rows:
         print(f"{name:52s} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:6.2f}")

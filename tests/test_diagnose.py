@@ -101,3 +101,36 @@ def test_nccls_words_are_read_as_gloos_are(text, lost, waited):
 def test_a_dead_rank_behind_nccls_remote_error_is_named():
     found = explain(err(0, evalue=NCCL_REMOTE, others={1: f"DistBackendError: {NCCL_ABORTED}"}), ev(dead=[2]))
     assert (found.error.rank, found.error.ename) == (2, "EngineDied") and set(found.error.others) == {0, 1}
+
+
+def test_a_timeout_says_which_ranks_reached_which_collective_and_where_the_running_rank_is():
+    """dp4, rank 1 skipped all_reduce #58 on the world group: 0, 2 and 3 wait in it (started), rank 1 is
+    at #57; rank 2 is still running, blocked in an all_reduce inside a decoder layer's mlp."""
+    from interactive_parallel.records.stacks import CollectiveRecord, FrameRecord, StackRecord
+
+    def c(rank, seq, state="completed", group="world", sizes=((256,),)):
+        return CollectiveRecord(rank=rank, group=group, seq=seq, op="all_reduce", state=state,
+                                in_sizes=[list(x) for x in sizes])
+
+    colls = [c(r, s) for r in range(4) for s in (56, 57)] + [c(r, 58, "started") for r in (0, 2, 3)]
+    colls += [c(r, 3, group="tp") for r in range(4)]  # a group that agrees: no mismatch there
+    assert diagnose.first_mismatch(colls) == ("world", {(58, "all_reduce", "[[256]]"): [0, 2, 3],
+                                                        (57, "all_reduce", "[[256]]"): [1]})
+    assert diagnose.first_mismatch([c(r, 3, group="tp") for r in range(4)]) is None
+    # the skipper's next collective (a 1-element stop vote) took the number its peers wait under
+    skipped = [c(r, 58, "started", sizes=((1,),) if r == 1 else ((256,),)) for r in range(4)]
+    assert "the ranks issued different collectives as #58: rank(s) [0, 2, 3] at #58 all_reduce [[256]] (started); " \
+        "rank(s) [1] at #58 all_reduce [[1]] (started)" in diagnose.where_text(skipped, [])
+    stack = StackRecord(rank=2, main=True, collective="all_reduce", frames=[
+        FrameRecord(file="/x/train.py", line=120, function="forward", module="model.layers.3.mlp"),
+        FrameRecord(file="/site-packages/torch/distributed/distributed_c10d.py", line=9, function="all_reduce")])
+    found = explain(err(0, evalue=TIMEOUT, others={1: "RuntimeError: timed out", 3: "RuntimeError: timed out"},
+                        stuck=[2]), ev(collectives=colls, stacks=[stack]))
+    text = str(found.error)
+    assert ("first mismatch on group 'world': rank(s) [1] never issued #58: rank(s) [0, 2, 3] at #58 all_reduce "
+            "[[256]] (started); rank(s) [1] at #57 all_reduce [[256]] (completed)") in text
+    assert "latest on world: rank(s) [0, 2, 3] #58 all_reduce started; rank(s) [1] #57 all_reduce completed" in text
+    assert "latest on tp: rank(s) [0, 1, 2, 3] #3 all_reduce completed" in text
+    assert "rank 2 still running: in all_reduce at train.py:120 in forward [model.layers.3.mlp]" in text
+    # without a timeout (a rank raised on its own) nothing is asked or said
+    assert "first mismatch" not in str(explain(err(0, "ValueError", "bad"), ev(collectives=colls)).error)

@@ -153,6 +153,36 @@ def test_fault_during_train(session, reference, plan, fault):
                          kept=KEPT[fault], next_s=next_s))
 
 
+def _skip_all_reduce_on(victim: int) -> float:
+    """Every rank all_reduces once; then each rank but `victim` all_reduces again, an all_reduce
+    `victim` skips (as a user's function that skips one on one rank)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() != victim:
+        dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_skipped_all_reduce_is_shown_as_the_mismatch_it_is(session):
+    """dp4's ranks 0, 2 and 3 time out in an all_reduce rank 1 never issued: the error names rank
+    0 (the first to give up), and says that rank 1 never issued the collective the others wait
+    in, with the group's sequence numbers as torch's flight recorder counted them."""
+    s, victim = session, 1
+    _fresh(s, "dp4")
+    with pytest.raises(RankError) as caught:
+        s.run(_skip_all_reduce_on, victim)
+    err = caught.value
+    assert "Timed out" in str(err) and victim not in (err.rank, *err.others), str(err)[:2000]
+    line = next((x for x in err.where.splitlines() if "first mismatch on group 'world'" in x), "")
+    top = int(line.split("never issued #", 1)[1].split(":", 1)[0]) if "never issued #" in line else -1
+    assert f"rank(s) [{victim}] never issued #{top}: rank(s) [0, 2, 3] at #{top} all_reduce [[1]]" in line, err.where
+    assert f"rank(s) [{victim}] at #{top - 1} all_reduce [[1]]" in line, err.where
+    assert s.run(_skip_all_reduce_on, -1) == [16.0] * 4  # the group re-formed: every rank joins both
+
+
 @pytest.mark.parametrize("fault", ["kill", "hang"])
 def test_fault_during_generate(session, fault):
     s, plan, victim = session, "pp2xdp2", 3

@@ -130,7 +130,7 @@ def test_the_fake_returns_the_types_session_declares():
         "quantize": s.quantize("int8-weight-only"), "decoding": s.decoding(), "served": s.served(),
         "quantized": s.quantized(), "dequantize": s.dequantize(), "dry_run": s.dry_run(Plan(dp=8)),
         "calibrate": s.calibrate(), "predict_step": s.predict_step(), "search_plans": s.search_plans(top=3),
-        "calibrate_async": asyncio.run(s.calibrate_async()),
+        "calibrate_async": asyncio.run(s.calibrate_async()), "stacks_async": asyncio.run(s.stacks_async()),
         "interrupt": s.interrupt(), "stop": s.stop(),
     }
     assert set(values) == {n for n, v in vars(FakeSession).items() if not n.startswith("_") and callable(v)}
@@ -164,7 +164,7 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
         "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
         "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
-        "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure"}
+        "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure", "ip-where-button", "ip-where-output"}
     assert expected <= classes(p), sorted(expected - classes(p))
     assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 19
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
@@ -633,6 +633,25 @@ def test_stop_interrupts_training_and_controls_are_frozen_meanwhile():
     assert ("interrupt",) in s.calls and 2 <= p.run_section.progress.value < 200
     assert "stopped after" in p.run_section.status.value and "of 200 steps" in p.run_section.status.value
     assert not p.run_section.train.disabled and p.run_section.interrupt.disabled and p.error_text == ""
+
+
+@pytest.mark.pure
+def test_where_are_the_ranks_shows_each_ranks_stack_while_training_runs():
+    s, p = laid_out(step_delay=0.05)
+    where = p.run_section.jobs.where
+    assert not where.disabled  # a live session, no job: asking is allowed
+    job = p.train(200)
+    assert until(lambda: p.run_section.progress.value >= 2)
+    assert not where.disabled and p.run_section.train.disabled  # live while every action control is frozen
+    asked = p.run_section.jobs.show_stacks()
+    assert asked.wait(5) and asked.error is None
+    shown = p.run_section.jobs.where_out.value
+    assert "rank 0</b>: in all_reduce" in shown and "model.layers.0.mlp" in shown and "ip-model" in shown
+    assert "ip-own" in shown and "rank 3</b>: did not answer within 2 s" in shown
+    p.run_section.interrupt.click()
+    assert job.wait(5) and ("stacks", False, 2.0) in s.calls
+    where.click()
+    assert until(lambda: "rank 0</b>: idle" in p.run_section.jobs.where_out.value)
 
 
 @pytest.mark.pure

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..records import FaultSpec
+from ..records.stacks import CollectiveRecord, StackRecord
 from .errors import RankError
 
 LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer|remote process exit|ncclRemoteError"
@@ -89,6 +90,10 @@ class Evidence:
     controller_gone: bool = False
     """The pool's ipyparallel controller (a process of ours) has ended."""
     controller_pid: int | None = None
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+    """After a timed-out collective: each rank's latest collectives per group (flight recorder)."""
+    stacks: list[StackRecord] = field(default_factory=list)
+    """After a timed-out collective: the stacks of the ranks still running the call."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,68 @@ def explain(exc: RankError, ev: Evidence) -> Diagnosis:
                 or [f for f in ev.armed if f.rank in named] or ev.armed)
     if culprits:
         exc = exc.with_fault("; ".join(f.describe() for f in culprits))
+    if waited_out and (ev.collectives or ev.stacks):
+        exc = exc.with_where(where_text(ev.collectives, ev.stacks))
     return Diagnosis(exc, patience)
+
+
+def latest(collectives: list[CollectiveRecord]) -> dict[str, dict[int, CollectiveRecord]]:
+    """Group -> rank -> that rank's latest collective on the group (the highest sequence number)."""
+    out: dict[str, dict[int, CollectiveRecord]] = {}
+    for c in collectives:
+        mine = out.setdefault(c.group, {})
+        if c.rank not in mine or c.seq >= mine[c.rank].seq:
+            mine[c.rank] = c
+    return out
+
+
+def first_mismatch(collectives: list[CollectiveRecord]) -> tuple[str, dict[tuple, list[int]]] | None:
+    """(group, {(seq, op, sizes): ranks}) for the first group (the world first) whose members'
+    latest collectives differ: in sequence number (the ranks behind never issued the one the
+    others wait in) or, at the same number, in op or sizes (a rank that skipped one issued its
+    next collective under the number its peers' wait has). None when every group agrees."""
+    groups = latest(collectives)
+    for group in sorted(groups, key=lambda g: (g != "world", g)):
+        alike: dict[tuple, list[int]] = {}
+        for r, c in sorted(groups[group].items()):
+            alike.setdefault((c.seq, c.op, str(c.in_sizes)), []).append(r)
+        if len(alike) > 1:
+            return group, dict(sorted(alike.items(), key=lambda kv: -kv[0][0]))
+    return None
+
+
+def _mismatch_line(group: str, alike: dict[tuple, list[int]], states: dict[tuple, str]) -> str:
+    top = max(seq for seq, _, _ in alike)
+    parts = [f"rank(s) {ranks} at #{seq} {op} {sizes} ({states[key]})" for key, ranks in alike.items()
+             for seq, op, sizes in [key]]
+    behind = sorted(r for (seq, _, _), ranks in alike.items() if seq < top for r in ranks)
+    why = (f"rank(s) {behind} never issued #{top}" if behind
+           else f"the ranks issued different collectives as #{top}")
+    return f"  first mismatch on group {group!r}: {why}: " + "; ".join(parts)
+
+
+def where_text(collectives: list[CollectiveRecord], stacks: list[StackRecord]) -> str:
+    """Lines for the error: the first mismatch, each group's latest collective per rank (ranks
+    alike folded), and where each rank still running is."""
+    lines = []
+    found = first_mismatch(collectives)
+    groups = latest(collectives)
+    if found:
+        group, alike = found
+        states = {key: groups[group][ranks[0]].state for key, ranks in alike.items()}
+        lines.append(_mismatch_line(group, alike, states))
+    for group in sorted(groups, key=lambda g: (g != "world", g)):
+        alike: dict[tuple, list[int]] = {}
+        for r, c in sorted(groups[group].items()):
+            alike.setdefault((c.seq, c.op, c.state), []).append(r)
+        lines.append(f"  latest on {group}: " + "; ".join(f"rank(s) {rs} #{seq} {op} {state}"
+                                                         for (seq, op, state), rs in alike.items()))
+    for s in stacks:
+        if s.frames:
+            path = s.module_path()
+            lines.append(f"  rank {s.rank} still running: {s.state} at {s.where}"
+                         + (f" (modules {' > '.join(path)})" if len(path) > 1 else ""))
+    return "\n".join(lines)
 
 
 def _others(exc: RankError) -> dict[int, str]:

@@ -14,26 +14,38 @@ class RankError(RuntimeError):
     """An exception raised on one or more ranks; `.rank`, `.ename`, `.traceback` of the first."""
 
     def __init__(self, rank: int, ename: str, evalue: str, traceback: str, *, host: str = "", what: str = "",
-                 others: dict[int, str] | None = None, stuck: list[int] | None = None, fault: str = ""):
+                 others: dict[int, str] | None = None, stuck: list[int] | None = None, fault: str = "",
+                 where: str = ""):
         self.rank, self.ename, self.evalue, self.traceback = rank, ename, evalue, traceback
         self.host, self.what, self.others = host, what, dict(others or {})
         self.stuck = list(stuck or [])
         """Ranks still running the call when it failed (blocked in a collective, or hung)."""
         self.fault = fault
         """The injected fault behind the failure, when one was armed (Session.inject)."""
-        where = f"rank {rank}" + (f" ({host})" if host else "")
-        head = f"{where} raised {ename}: {evalue}" + (f" during {what}" if what else "")
+        self.where = where
+        """Where the ranks were (a timed-out collective): each rank's latest collective per group
+        as torch's flight recorder counts them, the first mismatch marked, and the stacks of
+        ranks still running (cluster/diagnose.py's `where_text`)."""
+        who = f"rank {rank}" + (f" ({host})" if host else "")
+        head = f"{who} raised {ename}: {evalue}" + (f" during {what}" if what else "")
         more = "".join(f"\n  also rank {r}: {msg}" for r, msg in sorted(self.others.items()))
         if self.stuck:
             more += f"\n  rank(s) {self.stuck} had not finished (hung, or waiting in a collective)"
         if fault:
             more += f"\n  injected fault: {fault}"
+        if where:
+            more += "\n" + where
         super().__init__(f"{head}{more}\n--- traceback from rank {rank} ---\n{traceback}")
 
     def with_fault(self, fault: str) -> "RankError":
         """The same error, naming the injected fault that caused it."""
         return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
-                         others=self.others, stuck=self.stuck, fault=fault)
+                         others=self.others, stuck=self.stuck, fault=fault, where=self.where)
+
+    def with_where(self, where: str) -> "RankError":
+        """The same error, saying where the ranks were."""
+        return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
+                         others=self.others, stuck=self.stuck, fault=self.fault, where=where)
 
 
 class RankTimeout(TimeoutError):

@@ -2,9 +2,10 @@
 
 Owns the Job (a coroutine kept off the kernel's back) and the runner every section that starts
 long work is given: it starts `make(session)` as the Job with every control but Stop frozen,
-and owns what the runs share (the progress bar, the status line and the Stop button, which
-calls `session.interrupt()`), the failure path of DESIGN.md (the remote traceback, naming the
-rank, in the error area) and the events that say a job started and ended. Knows nothing of
+and owns what the runs share (the progress bar, the status line, the Stop button, which
+calls `session.interrupt()`, and beside it "Where are the ranks?", which shows
+`session.stacks()`, live also while a job runs or hangs), the failure path of DESIGN.md (the
+remote traceback, naming the rank, in the error area) and the events that say a job started and ended. Knows nothing of
 what a job computes nor of how its results are shown: the section that starts one passes its
 own `done`.
 """
@@ -18,6 +19,7 @@ import ipywidgets as W
 
 from ._common import Actions, SessionRef, button, css, describe_error
 from .events import Emit, JobEnded, JobKind, JobStarted
+from .render import esc, stacks_html
 
 
 class Job:
@@ -93,6 +95,12 @@ class JobRunner:
                                         "boundary")
         self.interrupt.on_click(lambda _b: self.stop())
         actions.register(self.interrupt)
+        # Not an action control: asking where the ranks are is most useful while a job runs or hangs.
+        self.where = button("Where are the ranks?", "ip-where-button",
+                            tooltip="session.stacks(): every rank's Python stack now, also while a call runs")
+        self.where_out = css(W.HTML(), "ip-where-output")
+        self.where.on_click(lambda _b: self.show_stacks())
+        self._asking: Job | None = None
 
     @property
     def running(self) -> bool:
@@ -147,9 +155,26 @@ class JobRunner:
             self.session().interrupt()
         self.status.value = "stopping at the next boundary ..."
 
+    def show_stacks(self) -> Job | None:
+        """`session.stacks()` as a Job of its own (the kernel keeps serving, a running job goes
+        on); its answer, or why there is none, replaces what where_out showed."""
+        if not self.session.alive or (self._asking is not None and not self._asking.done):
+            return None
+        self.where.disabled = True
+        self.where_out.value = "<span class='ip-note'>asking every rank ...</span>"
+
+        def done(result: Any, error: BaseException | None) -> None:
+            self.where.disabled = not self.session.alive
+            self.where_out.value = (stacks_html(result) if error is None else
+                                    f"<div class='ip-bad'>{esc(describe_error(error, 'stacks'))}</div>")
+
+        self._asking = Job(self.session().stacks_async(), done)
+        return self._asking
+
     def wait(self, timeout: float | None = None) -> bool:
         """Outside a kernel: block until the running job (if any) ends."""
         return True if self.job is None else self.job.wait(timeout)
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.interrupt.disabled = not (alive and self.running)
+        self.where.disabled = not alive or (self._asking is not None and not self._asking.done)
