@@ -30,6 +30,9 @@ DEATH_POLL_S = 0.1
 """How often a waiting call asks whether a rank's process is gone (a few process-table reads)."""
 PEER_GRACE_S = 0.2
 """After one rank failed, how long to wait for its peers' errors (they help) before raising."""
+LATE_S = 5.0
+"""At most this long, after a call ended with a rank dead, for a record that rank is known to have
+sent (an injected fault's announcement) to come through the controller."""
 
 
 def _consume(fut: asyncio.Future) -> None:
@@ -85,12 +88,16 @@ class RankCaller:
         return await self._settle(submitted, timeout, what)
 
     async def stream(self, submitted: Submitted, on_item: Callable[[int, Any], None], timeout: float,
-                     what: str = "call", stall: float | None = None) -> list[Any]:
+                     what: str = "call", stall: float | None = None,
+                     due: Callable[[], bool] | None = None) -> list[Any]:
         """Like `wait`, but each record a rank publishes is handed to `on_item(rank, record)` as it
         arrives, in the order the rank published it. `timeout` bounds the time without any progress
         (a record or a finished rank), not the whole call: a long run is fine, a stuck one is not.
         `stall`: once some rank has finished, a rank still running with nothing published for
-        this long is hung (its peers are not waiting for it, so no collective times out)."""
+        this long is hung (its peers are not waiting for it, so no collective times out).
+        `due`: True while a record a rank sent before dying has not arrived yet; the call then
+        keeps reading for up to LATE_S once it has ended (a dead engine is seen from its pid at
+        once, while what it published still passes through the controller)."""
         futs = self._wrap(submitted)
         seen: dict[int, set] = {r: set() for r, _ in submitted}
         last = time.monotonic()
@@ -118,6 +125,10 @@ class RankCaller:
                         break
         await self._outputs_complete([ar for _, ar in submitted if ar.done()])
         self._drain(submitted, seen, on_item, final=True)
+        late = time.monotonic() + LATE_S
+        while due is not None and due() and time.monotonic() < late:
+            await asyncio.sleep(POLL_S)
+            self._drain(submitted, seen, on_item, final=False)
         return await self._settle(submitted, timeout, what, stalled=stalled, stall=stall or 0.0)
 
     def abort(self, submitted: Submitted) -> None:

@@ -1,6 +1,7 @@
 """What is gathered about a failed call before it is explained (cluster/diagnose.py names it).
 
-Owns the two short waits that make the naming right: for a dead process behind a lost
+Owns the short waits that make the naming right: for an injected fault's announcement that a
+dead rank sent but the controller has not passed on yet (`announcement_due`), for a dead process behind a lost
 connection (on another host only the controller's heartbeat sees it; a process of our own
 pool is seen at once), and for blocked peers to time out too, so the rank still running after
 them can be named hung; and, after a timed-out collective, asking where the ranks are (their
@@ -46,6 +47,13 @@ class Witness(Protocol):
     def controller_gone(self) -> bool: ...
 
     def controller_pid(self) -> int | None: ...
+
+
+def announcement_due(ranks: Witness) -> bool:
+    """An armed fault on a rank now gone whose announcement has not arrived: the rank handed it
+    to its transport before the fault acted, so it is still on its way."""
+    gone, heard = ranks.dead_ranks(), {(f.rank, f.fault) for f in ranks.fired}
+    return any(f.rank in gone and (f.rank, f.fault) not in heard for f in ranks.faults)
 
 
 async def gather_evidence(ranks: Witness, exc: RankError) -> Evidence:

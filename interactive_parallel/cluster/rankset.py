@@ -29,7 +29,7 @@ from .calls import RankCaller, Submitted
 from .checks import check_fault
 from .diagnose import STUCK_MARGIN_S
 from .errors import RankError, RankTimeout, SessionError
-from .evidence import gather_evidence
+from .evidence import announcement_due, gather_evidence
 from .pool import LocalPool, Pool, process_gone
 
 DOCTOR_COLUMNS = ("rank", "host", "pid", "local_rank", "gpu", "device", "backend", "address", "threads", "torch",
@@ -230,8 +230,9 @@ class RankSet:
         if stop is not None and stop.is_set():
             caller.abort(submitted)
         try:
+            due = (lambda: announcement_due(self)) if self.faults else None
             return await self._guarded(caller, caller.stream(submitted, take, timeout or self.timeout, what,
-                                                             stall=self.collective_timeout + STUCK_MARGIN_S))
+                                                             stall=self.collective_timeout + STUCK_MARGIN_S, due=due))
         finally:
             self.running = None
             self.faults = []  # armed for this call only (the ranks forget them too)
