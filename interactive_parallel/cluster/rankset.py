@@ -127,9 +127,8 @@ class RankSet:
 
     async def form_group(self) -> None:
         """Rendezvous (cluster/rendezvous.py); each place learns its interface and address."""
-        joined = await rendezvous.form_group(self.call, self.places, device=self.device,
-                                             collective_timeout=self.collective_timeout, interface=self.interface,
-                                             recorder_entries=self.recorder_entries)
+        joined = await rendezvous.form_group(self.call, self.places, device=self.device, interface=self.interface,
+                                             collective_timeout=self.collective_timeout, recorder_entries=self.recorder_entries)
         self.places = [dataclasses.replace(p, interface=j.interface, address=j.address)
                        for p, j in zip(self.places, joined)]
 
