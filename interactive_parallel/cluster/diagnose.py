@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..records import FaultSpec
-from ..records.stacks import CollectiveRecord, StackRecord
+from ..records.stacks import CollectiveRecord, StackRecord, first_mismatch, groups_of
 from .errors import RankError
 
 LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer|remote process exit|ncclRemoteError"
@@ -123,61 +123,25 @@ def explain(exc: RankError, ev: Evidence) -> Diagnosis:
     if culprits:
         exc = exc.with_fault("; ".join(f.describe() for f in culprits))
     if waited_out and (ev.collectives or ev.stacks):
-        exc = exc.with_where(where_text(ev.collectives, ev.stacks))
+        exc = exc.with_where(where_text(ev.collectives, ev.stacks), first_mismatch(ev.collectives))
     return Diagnosis(exc, patience)
 
 
-def latest(collectives: list[CollectiveRecord]) -> dict[str, dict[int, CollectiveRecord]]:
-    """Group -> rank -> that rank's latest collective on the group (the highest sequence number)."""
-    out: dict[str, dict[int, CollectiveRecord]] = {}
-    for c in collectives:
-        mine = out.setdefault(c.group, {})
-        if c.rank not in mine or c.seq >= mine[c.rank].seq:
-            mine[c.rank] = c
-    return out
-
-
-def first_mismatch(collectives: list[CollectiveRecord]) -> tuple[str, dict[tuple, list[int]]] | None:
-    """(group, {(seq, op, sizes): ranks}) for the first group (the world first) whose members'
-    latest collectives differ: in sequence number (the ranks behind never issued the one the
-    others wait in) or, at the same number, in op or sizes (a rank that skipped one issued its
-    next collective under the number its peers' wait has). None when every group agrees."""
-    groups = latest(collectives)
-    for group in sorted(groups, key=lambda g: (g != "world", g)):
-        alike: dict[tuple, list[int]] = {}
-        for r, c in sorted(groups[group].items()):
-            alike.setdefault((c.seq, c.op, str(c.in_sizes)), []).append(r)
-        if len(alike) > 1:
-            return group, dict(sorted(alike.items(), key=lambda kv: -kv[0][0]))
-    return None
-
-
-def _mismatch_line(group: str, alike: dict[tuple, list[int]], states: dict[tuple, str]) -> str:
-    top = max(seq for seq, _, _ in alike)
-    parts = [f"rank(s) {ranks} at #{seq} {op} {sizes} ({states[key]})" for key, ranks in alike.items()
-             for seq, op, sizes in [key]]
-    behind = sorted(r for (seq, _, _), ranks in alike.items() if seq < top for r in ranks)
-    why = (f"rank(s) {behind} never issued #{top}" if behind
-           else f"the ranks issued different collectives as #{top}")
-    return f"  first mismatch on group {group!r}: {why}: " + "; ".join(parts)
-
-
 def where_text(collectives: list[CollectiveRecord], stacks: list[StackRecord]) -> str:
-    """Lines for the error: the first mismatch, each group's latest collective per rank (ranks
-    alike folded), and where each rank still running is."""
+    """Lines for the error: the first mismatch (records/stacks.py's `first_mismatch`), each
+    group's latest collective per rank (ranks alike folded), and where each rank still running is."""
     lines = []
     found = first_mismatch(collectives)
-    groups = latest(collectives)
     if found:
-        group, alike = found
-        states = {key: groups[group][ranks[0]].state for key, ranks in alike.items()}
-        lines.append(_mismatch_line(group, alike, states))
-    for group in sorted(groups, key=lambda g: (g != "world", g)):
+        lines.append(f"  first mismatch {found.describe()}")
+    groups = groups_of(collectives)
+    for group, members, p2p in sorted(groups, key=lambda k: (k[0] != "world", k)):
         alike: dict[tuple, list[int]] = {}
-        for r, c in sorted(groups[group].items()):
+        for r, seqs in sorted(groups[group, members, p2p].items()):
+            c = seqs[max(seqs)]
             alike.setdefault((c.seq, c.op, c.state), []).append(r)
-        lines.append(f"  latest on {group}: " + "; ".join(f"rank(s) {rs} #{seq} {op} {state}"
-                                                         for (seq, op, state), rs in alike.items()))
+        lines.append(f"  latest {'point-to-point ' if p2p else ''}on {group} {list(members)}: " + "; ".join(
+            f"rank(s) {rs} #{seq} {op} {state}" for (seq, op, state), rs in alike.items()))
     for s in stacks:
         if s.frames:
             path = s.module_path()

@@ -6,6 +6,7 @@ engine id) and carries the rank's traceback as text. Knows nothing of torch.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -15,7 +16,7 @@ class RankError(RuntimeError):
 
     def __init__(self, rank: int, ename: str, evalue: str, traceback: str, *, host: str = "", what: str = "",
                  others: dict[int, str] | None = None, stuck: list[int] | None = None, fault: str = "",
-                 where: str = ""):
+                 where: str = "", mismatch: Any = None):
         self.rank, self.ename, self.evalue, self.traceback = rank, ename, evalue, traceback
         self.host, self.what, self.others = host, what, dict(others or {})
         self.stuck = list(stuck or [])
@@ -26,6 +27,9 @@ class RankError(RuntimeError):
         """Where the ranks were (a timed-out collective): each rank's latest collective per group
         as torch's flight recorder counts them, the first mismatch marked, and the stacks of
         ranks still running (cluster/diagnose.py's `where_text`)."""
+        self.mismatch = mismatch
+        """The first collective a group's members disagree on (records.stacks.Mismatch: which
+        ranks issued sequence number `seq` on which group, which never did), or None."""
         who = f"rank {rank}" + (f" ({host})" if host else "")
         head = f"{who} raised {ename}: {evalue}" + (f" during {what}" if what else "")
         more = "".join(f"\n  also rank {r}: {msg}" for r, msg in sorted(self.others.items()))
@@ -40,12 +44,12 @@ class RankError(RuntimeError):
     def with_fault(self, fault: str) -> "RankError":
         """The same error, naming the injected fault that caused it."""
         return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
-                         others=self.others, stuck=self.stuck, fault=fault, where=self.where)
+                         others=self.others, stuck=self.stuck, fault=fault, where=self.where, mismatch=self.mismatch)
 
-    def with_where(self, where: str) -> "RankError":
+    def with_where(self, where: str, mismatch: Any = None) -> "RankError":
         """The same error, saying where the ranks were."""
         return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
-                         others=self.others, stuck=self.stuck, fault=self.fault, where=where)
+                         others=self.others, stuck=self.stuck, fault=self.fault, where=where, mismatch=mismatch)
 
 
 class RankTimeout(TimeoutError):

@@ -22,8 +22,9 @@ from .calls import RankCaller
 from .diagnose import STUCK_MARGIN_S, Evidence
 from .errors import RankError, remote_error_fields
 
-LAST_COLLECTIVES = 4
-"""Per rank and group, the collectives a timed-out call's error is told of (the latest decides)."""
+LAST_COLLECTIVES = 64
+"""Per rank and group, the collectives a timed-out call's error compares (the first mismatch may
+lie a few collectives back: a rank that skipped one goes on pairing its next ones with its peers')."""
 DEATH_WAIT_S = 4.0
 """After a peer's connection dropped, how long to look for a dead engine behind it."""
 

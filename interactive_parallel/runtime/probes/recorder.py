@@ -68,32 +68,44 @@ def read(rank: int, last: int = 20) -> list[CollectiveRecord]:
     from torch._C._distributed_c10d import _dump_fr_trace
 
     dump = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False))
-    return records(dump, rank, last, _SINCE_NS[0])
+    return records(dump, rank, last, _SINCE_NS[0], group_ranks())
 
 
-def records(dump: dict, rank: int, last: int, since_ns: int = 0) -> list[CollectiveRecord]:
+def group_ranks() -> dict[str, list[int]]:
+    """Each live process group's name (what the recorder's entries name it by) -> its global ranks
+    (gloo's recorder leaves its own table of groups empty, so torch's registry is read)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    return {str(name): list(dist.get_process_group_ranks(pg)) for pg, name in c10d._world.pg_names.items()}
+
+
+def records(dump: dict, rank: int, last: int, since_ns: int = 0,
+            members: dict[str, list[int]] | None = None) -> list[CollectiveRecord]:
     """CollectiveRecords of a flight recorder dump (torch's entries: process_group [name, desc],
     collective_seq_id / p2p_seq_id, profiling_name 'gloo:all_reduce', sizes, dtypes, state,
-    frames innermost first, time_created_ns), the latest `last` per group, entries made before
-    `since_ns` left out."""
-    per_group: dict[str, list[CollectiveRecord]] = {}
+    frames innermost first, time_created_ns), the latest `last` per group (its collectives and
+    its point-to-point ops apart), entries made before `since_ns` left out; `members`: group
+    name -> its global ranks."""
+    per_group: dict[tuple, list[CollectiveRecord]] = {}
     for e in dump.get("entries", []):
         if int(e.get("time_created_ns", 0) or 0) < since_ns:
             continue  # an earlier group's
         name, desc = (list(e.get("process_group") or ["", ""]) + ["", ""])[:2]
-        group = group_label(str(name), str(desc))
+        group, p2p = group_label(str(name), str(desc)), bool(e.get("is_p2p"))
         op = str(e.get("profiling_name", "")).split(":", 1)[-1]
-        seq = e.get("p2p_seq_id", 0) if e.get("is_p2p") else e.get("collective_seq_id", 0)
+        seq = e.get("p2p_seq_id", 0) if p2p else e.get("collective_seq_id", 0)
         dtypes = e.get("input_dtypes") or []
-        per_group.setdefault(group, []).append(CollectiveRecord(
-            rank=rank, group=group, seq=int(seq or 0), op=op, state=str(e.get("state", "")),
+        per_group.setdefault((group, str(name), p2p), []).append(CollectiveRecord(
+            rank=rank, group=group, seq=int(seq or 0), op=op, ranks=list((members or {}).get(str(name), [])),
+            p2p=p2p, state=str(e.get("state", "")),
             in_sizes=[list(x) for x in e.get("input_sizes") or []],
             out_sizes=[list(x) for x in e.get("output_sizes") or []],
             dtype=str(dtypes[0]) if dtypes else "", where=_where(e.get("frames")),
             time=float(e.get("time_created_ns", 0) or 0) / 1e9))
     out: list[CollectiveRecord] = []
-    for group in sorted(per_group):
-        out += per_group[group][-last:] if last > 0 else []
+    for key in sorted(per_group):
+        out += per_group[key][-last:] if last > 0 else []
     return out
 
 
