@@ -241,6 +241,15 @@ def test_stacks_name_the_collective_ranks_wait_in_and_the_rank_that_is_elsewhere
         assert {last[r].seq for r in (1, 2, 3)} == {last[0].seq + 1}, last
         assert all(last[r].op == "all_reduce" and last[r].in_sizes == [[1]] for r in range(4)), last
         assert last[1].where.startswith("test_session.py:") and last[1].where.endswith(" in forward"), last[1]
+        # the same, as torch's own analyzer reads the dumps the session wrote: rank 0 missing from the world
+        # group's collective number n (the one ranks 1-3 wait in)
+        paths = s.dump_collectives(tmp_path / "fr")
+        assert sorted(os.path.basename(p) for p in paths) == [f"rank_{r}" for r in range(4)]
+        told = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path / "fr"),
+                               "-p", "rank_"], capture_output=True, text=True, timeout=120)
+        said = told.stdout + told.stderr
+        assert f"Not all ranks joining collective, sequence number: {last[1].seq}" in said, said[-3000:]
+        assert "missing ranks: {0}" in said and "group info: 0:default_pg" in said, said[-3000:]
     finally:
         gate.touch()
         worker.join(60)

@@ -71,7 +71,8 @@ def install() -> bool:
 
 
 WHERE_REQUEST, WHERE_REPLY = "ip_where_request", "ip_where_reply"
-"""A question about where this rank is (its stacks, its groups' latest collectives), asked on
+"""A question about where this rank is (its stacks, its groups' latest collectives, or its flight
+recorder written for torch's analyzer), asked on
 ipyparallel's control channel: the kernel's control thread answers it while the main thread
 runs a call, also one blocked in a collective. The client sends it (cluster/where.py); no
 socket or thread of our own."""
@@ -84,10 +85,12 @@ def _where_handler(kernel):
         ask = parent["content"]
         try:
             if ask.get("what") == "collectives":
-                found = api.collectives(int(ask.get("last", 20)))
+                found = [r.to_dict() for r in api.collectives(int(ask.get("last", 20)))]
+            elif ask.get("what") == "dump":
+                found = [api.dump_collectives(str(ask["folder"]))]  # the path it wrote
             else:
-                found = api.stacks(bool(ask.get("all_threads")), cut=_engine_frame)
-            reply = {"status": "ok", "records": [r.to_dict() for r in found]}
+                found = [r.to_dict() for r in api.stacks(bool(ask.get("all_threads")), cut=_engine_frame)]
+            reply = {"status": "ok", "records": found}
         except Exception as exc:  # noqa: BLE001 - answered, never raised in the control thread
             reply = {"status": "error", "evalue": f"{type(exc).__name__}: {exc}"}
         kernel.session.send(stream, WHERE_REPLY, reply, parent, ident)

@@ -4,7 +4,8 @@ laid-out model and of what its ranks did.
 Owns the public calls made beside `layout()`: the layout lint (`check_layout`), any rank's
 tensor (`fetch`), why each collective of a step happened (`explain_comms`, a grouping of the
 telemetry the client already holds: no remote call), and where every rank is right now
-(`stacks`, asked on ipyparallel's control channel, so it answers while a call runs or hangs:
+(`stacks`, `collectives` from torch's flight recorder, and `dump_collectives` for torch's own
+analyzer: asked on ipyparallel's control channel, so they answer while a call runs or hangs:
 cluster/where.py). A mixin of Session, like
 session_planning.py: stateless, it reads the Session's model operations, rank set, telemetry
 and world size (annotated here, assigned by Session); each remote call is written once as
@@ -15,6 +16,7 @@ runtime.api, runtime/layout/lint.py), nor of how a cause is read on a rank
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 from ..records import RecordList, TensorKind, comm_tree
@@ -25,7 +27,7 @@ from .model_ops import ModelOps
 from .rankset import RankSet
 from .telemetry import Telemetry
 from .twins import blocking_twins
-from .where import ANSWER_S, collectives, stacks
+from .where import ANSWER_S, collectives, dump, stacks
 
 
 @blocking_twins
@@ -118,3 +120,21 @@ class SessionDebugging:
         if missing:
             warnings.warn("no collectives from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
         return rows
+
+    async def dump_collectives_async(self, folder: str, *, timeout: float = ANSWER_S) -> list[str]:
+        """Each rank's flight recorder written where torch's own analyzer reads it, `folder/rank_<r>`
+        (the folder is made; ranks on several hosts need one they share); then
+        `python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_` pairs every rank's
+        collectives and reports the first that not every rank of its group joined. Asked like
+        `collectives()`, so it works during a hang; a rank that does not answer within `timeout` is
+        warned of. The paths written."""
+        if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
+            raise ValueError(f"folder must be a directory path, not {folder!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        folder = os.path.abspath(os.fspath(folder))
+        os.makedirs(folder, exist_ok=True)
+        paths, missing = await dump(self.ranks, folder, float(timeout))
+        if missing:
+            warnings.warn("no dump from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+        return paths

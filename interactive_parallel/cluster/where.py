@@ -80,3 +80,16 @@ async def collectives(ranks: Any, last: int, timeout: float = ANSWER_S) -> tuple
         else:
             rows += [from_dict(d) for d in got]
     return RecordList(rows, columns=COLLECTIVE_COLUMNS), missing
+
+
+async def dump(ranks: Any, folder: str, timeout: float = ANSWER_S) -> tuple[list[str], dict[int, str]]:
+    """Each rank's flight recorder written for torch's analyzer (folder/rank_<r>): the paths
+    written, and rank -> why it wrote none."""
+    paths: list[str] = []
+    missing: dict[int, str] = {}
+    for rank, got in (await ask(ranks, {"what": "dump", "folder": folder}, timeout)).items():
+        if isinstance(got, str):
+            missing[rank] = got
+        else:
+            paths += [str(p) for p in got]
+    return paths, missing

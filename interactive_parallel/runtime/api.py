@@ -287,6 +287,13 @@ def collectives(last: int = 20) -> list:
     return recorder.read(_state.get().rank, last) if dist.is_initialized() else []
 
 
+def dump_collectives(folder: str) -> str:
+    """This rank's flight recorder written as torch's analyzer reads it, at folder/rank_<rank>."""
+    from .probes import recorder
+
+    return recorder.write_dump(folder, _state.get().rank)
+
+
 def _module_names(st) -> Any:
     from .probes.modules import NAMES
 

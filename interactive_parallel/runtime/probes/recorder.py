@@ -9,8 +9,9 @@ smaller one), op, sizes, state and the frame outside torch that issued it. Under
 state is 'scheduled' for every entry, finished or not (torch tracks started / completed for
 NCCL only): there the sequence numbers tell who is behind, and stacks() who is still waiting.
 The recorder is torch's own, in C++; this module reads its pickle dump (`_dump_fr_trace`: the
-JSON one leaves out the frames), the format torch's analyzer
-(`python -m torch.distributed.flight_recorder.fr_trace`) reads too. Its cost per step:
+JSON one leaves out the frames), and writes it for torch's analyzer
+(`python -m torch.distributed.flight_recorder.fr_trace`), which compares every rank's dump
+(gloo's recorder leaves out send / recv, and its table of groups, filled in here). Its cost per step:
 bench/bench_probes.py. Knows nothing of the comm ledger (probes/ledger.py), of the mesh beyond
 the group descriptions torch gives DeviceMesh's groups, or of how the records travel.
 """
@@ -109,10 +110,26 @@ def records(dump: dict, rank: int, last: int, since_ns: int = 0,
     return out
 
 
-def write_dump(path: str) -> str:
-    """This rank's recorder as torch's pickle dump at `path` (what its analyzer reads)."""
-    from torch._C._distributed_c10d import _dump_fr_trace
+def write_dump(folder: str, rank: int) -> str:
+    """This rank's recorder as torch's pickle dump at folder/rank_<rank>, what its analyzer reads
+    (`python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_`): the current groups'
+    entries, and the table of groups, which gloo's recorder leaves empty, filled from torch's
+    registry (the analyzer pairs each group's entries across its ranks)."""
+    import pickle
 
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import _dump_fr_trace
+    from torch.distributed import distributed_c10d as c10d
+
+    dump = pickle.loads(_dump_fr_trace(includeCollectives=True, includeStackTraces=True, onlyActive=False))
+    dump["entries"] = [e for e in dump.get("entries", []) if int(e.get("time_created_ns", 0) or 0) >= _SINCE_NS[0]]
+    config = {k: v for k, v in (dump.get("pg_config") or {}).items() if k}
+    for pg, name in c10d._world.pg_names.items():
+        config.setdefault(str(name), {"name": str(name), "desc": str(getattr(pg, "group_desc", "") or ""),
+                                      "ranks": str(list(dist.get_process_group_ranks(pg)))})
+    dump["pg_config"] = config
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank_{rank}")
     with open(path, "wb") as f:
-        f.write(_dump_fr_trace())
+        pickle.dump(dump, f)
     return path
