@@ -108,6 +108,13 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
         calls = [(f.file.rsplit("/", 1)[-1], f.function, f.own) for f in x.frames]
         assert ("loop.py", "train", True) in calls, calls
         assert x.where.startswith("test_session_streaming.py:") and x.where.endswith(" in held"), x.where
+    # the comm ledger's records carry their group's sequence number as torch's flight recorder counts it: the
+    # last step's collectives are found in s.collectives() under the same rank, group and number
+    recorded = {(c.rank, tuple(c.ranks), c.seq): c.op for c in s.collectives(last=400) if not c.p2p}
+    ledger = [c for r in out if r.step == out[-1].step for c in r.comms if c.op not in ("send", "recv")]
+    missing = [(c.rank, c.op, c.group, c.seq) for c in ledger if (c.rank, tuple(c.group), c.seq) not in recorded]
+    assert ledger and not missing, (missing[:10], sorted(recorded)[-10:])
+    assert all(recorded[c.rank, tuple(c.group), c.seq] == c.op for c in ledger)  # tp's and dp's all-reduces
 
 
 @pytest.mark.parametrize("plan", [PLAN, Plan(dp=4, batch_size=8, seq_len=32)], ids=["dp2xtp2", "dp4"])
