@@ -84,7 +84,7 @@ case "$cmd" in
     setup run
     if [ "${1:-}" = "--demo" ]; then
       shift
-      exec "$VENV/bin/interactive-parallel" demo --ranks 4 --plan dp=4 --steps 800 --report report.html "$@"
+      exec "$VENV/bin/interactive-parallel" demo --steps 800 --report report.html "$@"
     fi
     extra=()
     [ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers and Binder-like machines run as root

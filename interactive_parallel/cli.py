@@ -16,9 +16,11 @@ from .plan import PRESETS, Plan, PlanError, UnknownModelError, check
 
 def _demo(args: argparse.Namespace) -> int:
     from .cluster import Session
-    from .cluster.offline import resolved
+    from .cluster.offline import resolved, usable_cores
 
-    plan = Plan.parse(args.plan, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
+    if args.ranks is None:  # one rank per core: more ranks than cores time-slice and each step waits
+        args.ranks = max(2, min(4, usable_cores()))
+    plan = Plan.parse(args.plan or f"dp={args.ranks}", batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr)
 
     check(plan, args.ranks, resolved(args.model))  # before any process starts
     prompts = args.prompt or _additions(args.quiz)
@@ -87,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="interactive-parallel", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="train and generate on local ranks, write an HTML report")
-    demo.add_argument("--ranks", type=int, default=4)
-    demo.add_argument("--plan", default="dp=4", help="degrees and knobs, e.g. 'dp=2,tp=2' or 'dp=4 precision=bf16'")
+    demo.add_argument("--ranks", type=int, default=None, help="default: one per usable core, 2 to 4")
+    demo.add_argument("--plan", default=None,
+                      help="degrees and knobs, e.g. 'dp=2,tp=2' or 'dp=4 precision=bf16' (default: dp over every rank)")
     demo.add_argument("--model", default="tiny-llama", help=f"a preset ({', '.join(PRESETS)}) or a local directory")
     # 800 steps of 16 x 128 tokens at lr 2e-3: where tiny-llama has learned most two-digit sums (7
-    # of 8 asked; at 30 steps of 8 x 64 it answered '1=1='); 75-90 s on 2 cores shared with a test run.
+    # or 8 of the 8 asked; at 30 steps of 8 x 64 it answered '1=1='). README's Quickstart has its time.
     demo.add_argument("--steps", type=int, default=800)
     demo.add_argument("--batch-size", type=int, default=16)
     demo.add_argument("--seq-len", type=int, default=128)

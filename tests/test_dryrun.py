@@ -101,6 +101,64 @@ def test_classes_moved_equal_every_rank_simulated(model, fields):
         assert sorted(map(_shard_key, classes.layout(rank=rank))) == sorted(map(_shard_key, every.layout(rank=rank)))
 
 
+@pytest.mark.rank1
+def test_representatives_simulated_in_forked_processes_equal_those_simulated_here(monkeypatch):
+    """runtime/client/forked.py shares the representatives out over forks of this process: the
+    records are the same wherever a representative ran, and the warnings it raised reach here."""
+    from dataclasses import replace
+
+    from interactive_parallel import dry_run
+
+    plan = Plan(dp=2, tp=2, pp=2, microbatches=2, batch_size=8, seq_len=32)
+    monkeypatch.setenv("IP_DRY_RUN_PROCESSES", "1")
+    here = dry_run("tiny-llama", plan)
+    monkeypatch.setenv("IP_DRY_RUN_PROCESSES", "3")  # more than the representatives: one each
+    forked = dry_run("tiny-llama", plan)
+    assert sorted(here.simulated) == sorted(forked.simulated) and len(here.simulated) == 2
+    for rep, sim in here.simulated.items():  # all but when things happened
+        other = forked.simulated[rep]
+        assert _per_rank(other.comms) == _per_rank(sim.comms) and len(sim.comms) > 0
+        assert replace(other, comms=[], step=None, seconds=0.0) == replace(sim, comms=[], step=None, seconds=0.0)
+        clock = {"time_s", "start", "end", "phases", "compute_s", "comm_s", "idle_s"}
+        assert (repr({k: v for k, v in vars(other.step).items() if k not in clock})  # repr: a fake loss is nan
+                == repr({k: v for k, v in vars(sim.step).items() if k not in clock}))
+
+
+def _square(x: int) -> int:
+    import os
+    import warnings
+
+    if x == 3:
+        raise ValueError(f"three is refused in pid {os.getpid()}")
+    if x == 4:
+        os._exit(7)
+    warnings.warn(f"squared {x}", UserWarning)
+    return x * x
+
+
+@pytest.mark.rank1  # forks this process
+def test_forked_share_returns_results_warnings_and_names_a_failure(monkeypatch):
+    import os
+    import warnings
+
+    from interactive_parallel.runtime.client.forked import ForkedError, map_forked
+
+    monkeypatch.setenv("IP_DRY_RUN_PROCESSES", "2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert map_forked(_square, [1, 2, 5, 6]) == {1: 1, 2: 4, 5: 25, 6: 36}
+    assert sorted(str(w.message) for w in caught) == ["squared 1", "squared 2", "squared 5", "squared 6"]
+    warnings.simplefilter("ignore", UserWarning)  # the squares below warn too (pytest restores the filters)
+    with pytest.raises(ValueError, match="three is refused") as raised:  # raised in the child: its own type
+        map_forked(_square, [1, 3], what="number")
+    assert f"pid {os.getpid()}" not in str(raised.value)
+    assert any("raised in the forked process simulating numbers [3]" in n for n in raised.value.__notes__)
+    with pytest.raises(ForkedError, match=r"simulating numbers \[4\] .* died \(exit code 7\)"):
+        map_forked(_square, [1, 4], what="number")
+    with pytest.raises(ChildProcessError):  # every child reaped
+        os.waitpid(-1, os.WNOHANG)
+
+
 @pytest.mark.pure
 def test_uneven_fsdp_shards_make_their_own_class():
     from interactive_parallel.plan.models import resolve_model
@@ -243,3 +301,21 @@ def test_the_why_tree_names_sequence_parallels_gathers_live_and_dry(parity_steps
     dry = dry_run(preset, Plan(**fields))
     assert len(dry.simulated) == 1 and dry.explain_comms() == tree
     assert dry.explain_comms(rank=1) == comm_tree(live, rank=1)
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("files,cores", [
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 2),                    # 1.5 cores: a second one is half usable
+    ({"cpu.max": "100000 100000\n"}, 1),                    # Binder's one core
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # cgroup v1, no quota
+    ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2),
+    ({}, None),
+])
+def test_a_containers_cpu_quota_caps_the_cores_a_dry_run_forks_for(tmp_path, files, cores):
+    from interactive_parallel.runtime.rank.cores import cgroup_quota
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_quota(tmp_path) == cores

@@ -34,7 +34,7 @@ PLANS = {"dp4": dict(dp=4), "fsdp4": dict(fsdp=4), "tp4": dict(tp=4), "pp4": dic
 BATCH = dict(batch_size=8, seq_len=64)
 ANCHOR = PLANS["dp4"]
 """The plan whose measured steps give the calibration its per-step cost (Session.calibrate)."""
-WARMUP, STEPS = 2, 5
+WARMUP, STEPS = 1, 3  # 3 steps after the first: what calibrate needs (ANCHOR_STEPS)
 
 
 def _measured(s, plan: Plan) -> float:

@@ -1,5 +1,5 @@
 """What the client does with a model and a plan in its own process, before or without any rank:
-a model's spec with the family facts transformers gives, and a dry run.
+a model's spec with the family facts transformers gives, a dry run, and the cores it may use.
 
 Owns the way the panel (widgets/), the command line (cli.py) and the package's `dry_run` reach
 the runtime's client-side code (runtime.model.families, runtime.client.dryrun): they come here,
@@ -44,3 +44,10 @@ def dry_run(model: Any, plan: Plan, world: int | None = None, **kwargs: Any):
     from ..runtime.client.dryrun import dry_run as simulate
 
     return simulate(spec, plan, world, **kwargs)
+
+
+def usable_cores() -> int:
+    """The cores this process may keep busy (its affinity, capped by a container's CPU quota)."""
+    from ..runtime.rank.cores import usable_cores as cores
+
+    return cores()

@@ -17,7 +17,9 @@ they hold tensors of the same shapes and issue the same collectives, so every ot
 records are its class representative's with the rank, its groups and peers moved along the
 mesh and its index ranges recomputed by torch for its own coordinates (`move_shards`)
 (tests/test_dryrun.py checks the expansion against simulating every rank, and the records
-against a live run of the same plan).
+against a live run of the same plan). The representatives are shared out between this process
+and forked copies of it, one per usable core (runtime.client.forked): each is simulated alone,
+so where it runs changes none of its records.
 
 Where a simulated rank departs from a live one, and why:
 - the fake group delivers no bytes, so the one value a pipeline stage reads from its peers
@@ -65,6 +67,7 @@ from ...plan import ModelSpec, Plan, check, expert_coords, mesh_coords
 from ...plan.virtual import DryRun, Simulated, rank_classes
 from ...records import ShardRecord
 from ..training.data import reuse_batches
+from .forked import map_forked
 
 
 class DryRunError(RuntimeError):
@@ -285,8 +288,9 @@ def dry_run(model: Any, plan: Plan, world: int | None = None, *, steps: int = 1,
                           "(run it in a process that is not a rank)")
     start = time.perf_counter()
     classes = {r: r for r in range(world)} if exhaustive else rank_classes(spec, plan)
-    with reuse_batches():
-        simulated = {rep: simulate(spec, plan, rep, steps) for rep in sorted(set(classes.values()))}
+    with reuse_batches():  # the representatives across this process and forks of it, one per core
+        simulated = map_forked(lambda rep: simulate(spec, plan, rep, steps), sorted(set(classes.values())),
+                               what="simulated rank")
     return DryRun(spec=spec, plan=plan, classes=classes, simulated=simulated, mover=move_shards,
                   seconds=time.perf_counter() - start)
 

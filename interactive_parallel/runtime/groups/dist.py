@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ...records import GroupMember, RankIdentity
 from ..probes import recorder
 from ..rank import state as _state
+from ..rank.cores import usable_cores
 from . import net
 
 
@@ -40,7 +41,7 @@ def threads_for(local_world_size: int, cores: int | None = None) -> int:
     step gets many times slower (bench/bench_threads.py). So never more threads than cores.
     """
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cores()
     return max(1, cores // max(1, local_world_size))
 
 

@@ -16,6 +16,7 @@ import socket
 
 from ...records import GroupMember, NetworkFacts, RankFacts, RankIdentity
 from ..rank import state as _state
+from ..rank.cores import usable_cores
 
 
 def identify() -> RankFacts:
@@ -25,7 +26,7 @@ def identify() -> RankFacts:
     warm.wait()  # the first call: later ones find the imports done
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     return RankFacts(host=socket.gethostname(), pid=os.getpid(), cores=cores,
                      cuda=torch.cuda.device_count() if torch.cuda.is_available() else 0,
                      cuda_bad_fork=torch.cuda._is_in_bad_fork(), torch=_installed("torch"),
