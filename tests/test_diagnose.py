@@ -142,6 +142,8 @@ def test_a_timeout_says_which_ranks_reached_which_collective_and_where_the_runni
                         stuck=[2]), ev(collectives=colls + tp, stacks=[stack]))
     text = str(found.error)
     assert found.error.mismatch.seq == 58 and found.error.mismatch.behind == {1: 57}
+    assert found.error.collectives == colls + tp and found.error.stacks == [stack]  # what a figure draws
+    assert found.error.with_fault("hang on rank 1").collectives == colls + tp  # kept through every copy
     assert ("first mismatch on group 'world' [0, 1, 2, 3] at collective #58: rank(s) [1] never issued it (latest #57); "
             "rank(s) [0, 2, 3] issued all_reduce [[256]] (started)") in text
     assert "latest on world [0, 1, 2, 3]: rank(s) [0, 2, 3] #58 all_reduce started; rank(s) [1] #57 all_reduce" in text

@@ -122,6 +122,7 @@ def _check_where(err: RankError, victim: int, by_sequence: bool) -> None:
     found = err.mismatch
     assert found is not None and victim in found.members and victim in found.behind, err.where
     assert all(found.behind[r] < found.seq for r in found.behind), err.where
+    assert {c.rank for c in err.collectives} == {0, 1, 2, 3} and victim in {x.rank for x in err.stacks}
     assert f"first mismatch on group {found.group!r}" in err.where and f"rank(s) {sorted(found.behind)} never" in err.where
 
 

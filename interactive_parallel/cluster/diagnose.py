@@ -123,7 +123,8 @@ def explain(exc: RankError, ev: Evidence) -> Diagnosis:
     if culprits:
         exc = exc.with_fault("; ".join(f.describe() for f in culprits))
     if waited_out and (ev.collectives or ev.stacks):
-        exc = exc.with_where(where_text(ev.collectives, ev.stacks), first_mismatch(ev.collectives))
+        exc = exc.with_where(where_text(ev.collectives, ev.stacks), first_mismatch(ev.collectives), ev.collectives,
+                             ev.stacks)
     return Diagnosis(exc, patience)
 
 

@@ -16,7 +16,8 @@ class RankError(RuntimeError):
 
     def __init__(self, rank: int, ename: str, evalue: str, traceback: str, *, host: str = "", what: str = "",
                  others: dict[int, str] | None = None, stuck: list[int] | None = None, fault: str = "",
-                 where: str = "", mismatch: Any = None):
+                 where: str = "", mismatch: Any = None, collectives: list | None = None,
+                 stacks: list | None = None):
         self.rank, self.ename, self.evalue, self.traceback = rank, ename, evalue, traceback
         self.host, self.what, self.others = host, what, dict(others or {})
         self.stuck = list(stuck or [])
@@ -30,6 +31,11 @@ class RankError(RuntimeError):
         self.mismatch = mismatch
         """The first collective a group's members disagree on (records.stacks.Mismatch: which
         ranks issued sequence number `seq` on which group, which never did), or None."""
+        self.collectives = list(collectives or [])
+        """The CollectiveRecords `where` was read from (each rank's latest per group, as the call
+        failed: the group is re-formed after it): viz.collective_lanes_figure draws them."""
+        self.stacks = list(stacks or [])
+        """The StackRecords of the ranks still running the call when it failed."""
         who = f"rank {rank}" + (f" ({host})" if host else "")
         head = f"{who} raised {ename}: {evalue}" + (f" during {what}" if what else "")
         more = "".join(f"\n  also rank {r}: {msg}" for r, msg in sorted(self.others.items()))
@@ -41,15 +47,19 @@ class RankError(RuntimeError):
             more += "\n" + where
         super().__init__(f"{head}{more}\n--- traceback from rank {rank} ---\n{traceback}")
 
+    def _with(self, **changes: Any) -> "RankError":
+        kept = dict(host=self.host, what=self.what, others=self.others, stuck=self.stuck, fault=self.fault,
+                    where=self.where, mismatch=self.mismatch, collectives=self.collectives, stacks=self.stacks)
+        return RankError(self.rank, self.ename, self.evalue, self.traceback, **{**kept, **changes})
+
     def with_fault(self, fault: str) -> "RankError":
         """The same error, naming the injected fault that caused it."""
-        return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
-                         others=self.others, stuck=self.stuck, fault=fault, where=self.where, mismatch=self.mismatch)
+        return self._with(fault=fault)
 
-    def with_where(self, where: str, mismatch: Any = None) -> "RankError":
-        """The same error, saying where the ranks were."""
-        return RankError(self.rank, self.ename, self.evalue, self.traceback, host=self.host, what=self.what,
-                         others=self.others, stuck=self.stuck, fault=self.fault, where=where, mismatch=mismatch)
+    def with_where(self, where: str, mismatch: Any = None, collectives: list | None = None,
+                   stacks: list | None = None) -> "RankError":
+        """The same error, saying where the ranks were (and the records it was read from)."""
+        return self._with(where=where, mismatch=mismatch, collectives=list(collectives or []), stacks=list(stacks or []))
 
 
 class RankTimeout(TimeoutError):

@@ -84,12 +84,11 @@ async def where_they_are(ranks: Witness) -> tuple[list, list]:
     had is left out, never raised: the error being explained matters more."""
     from . import where
 
-    try:
-        collectives, _ = await where.collectives(ranks, LAST_COLLECTIVES)
-        stacks = [s for s in await where.stacks(ranks) if s.frames]
+    try:  # both asked at once: each waits at most where.ANSWER_S for a rank that does not answer
+        (collectives, _), stacks = await asyncio.gather(where.collectives(ranks, LAST_COLLECTIVES), where.stacks(ranks))
     except Exception:  # noqa: BLE001 - evidence is best effort
         return [], []
-    return list(collectives), stacks
+    return list(collectives), [s for s in stacks if s.frames]
 
 
 async def still_running(ranks: Witness) -> tuple[list[int], dict[int, str]]:
