@@ -790,3 +790,6 @@ def test_panel_drives_a_live_session(session4):
     assert p.run(_fails_on_rank_three) is None
     assert "rank 3" in p.error_text and "rank three refuses" in p.error_text
     assert p.run(lambda: 7) == [7] * 4 and not r.generate.disabled
+    asked = p.run_section.jobs.show_stacks()  # "Where are the ranks?": answered by the live ranks' control threads
+    assert asked.wait(10) and asked.error is None, asked.error
+    assert all(f"rank {k}</b>: idle" in p.run_section.jobs.where_out.value for k in range(4))
