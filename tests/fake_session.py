@@ -32,7 +32,7 @@ from interactive_parallel.plan.search import search_plans
 from interactive_parallel.plan.steptime import predict_step
 from interactive_parallel.plan.virtual import DryRun, Simulated
 from interactive_parallel.cluster.where import ANSWER_S
-from interactive_parallel.records.stacks import STACK_COLUMNS, FrameRecord, StackRecord
+from interactive_parallel.records.stacks import COLLECTIVE_COLUMNS, STACK_COLUMNS, CollectiveRecord, FrameRecord, StackRecord
 from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, HardwareProfile, MemoryRecord,
                                           ParamDiff, PipelineEvent, QuantizeRecord, RankInfo, RankPlace, RecordList,
                                           Request, RequestRecord, ServeEngine, ServePolicy, ServeResult, ShardRecord,
@@ -47,6 +47,7 @@ ELEMENTS: dict[str, tuple[type, ...]] = {
     "comms": (CommRecord,), "timeline": (CommRecord, PipelineEvent), "layout": (ShardRecord,),
     "predict_memory": (MemoryRecord,), "quantize": (QuantizeRecord,), "decoding": (DecodeStep,),
     "quantized": (QuantizeRecord,), "search_plans": (StepPrediction,), "stacks_async": (StackRecord,),
+    "collectives_async": (CollectiveRecord,),
 }
 """The record types each list-returning method holds: checked on this fake and on a live Session."""
 
@@ -340,6 +341,15 @@ class FakeSession:
                             collective="all_reduce" if busy else "") for r in range(min(self._world, 3))]
         rows += [StackRecord(rank=r, error=f"did not answer within {timeout:g} s") for r in range(3, self._world)]
         return RecordList(rows, columns=STACK_COLUMNS)
+
+    async def collectives_async(self, last: int = 20, *, timeout: float = ANSWER_S) -> RecordList:
+        """Ranks 0-2 of the world group (rank 3 does not answer): all_reduces #56 and #57, and while
+        training runs ranks 0 and 2 wait in #58, which rank 1 never issued."""
+        self.calls.append(("collectives", last, timeout))
+        seqs = {r: [56, 57] + ([58] if self._training and r != 1 else []) for r in range(min(self._world, 3))}
+        rows = [CollectiveRecord(rank=r, group="world", seq=q, op="all_reduce", ranks=list(range(self._world)),
+                                 in_sizes=[[256]], time=float(q)) for r, qs in seqs.items() for q in qs[-last:]]
+        return RecordList(rows, columns=COLLECTIVE_COLUMNS)
 
     def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
         """Every rank of `plan` 'simulated': memory as predicted, one tp or dp all_reduce, every

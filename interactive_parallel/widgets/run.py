@@ -83,7 +83,7 @@ class RunSection:
         self.widget = css(W.VBox([
             W.HTML("<b>Run</b>"),
             row(self.steps, self.data, self.train, self.progress, self.interrupt, jobs.where),
-            self.status, jobs.where_out,
+            self.status, jobs.where_out, jobs.where_box,
             self.prompts,
             row(self.max_tokens, self.do_sample, self.temperature, self.top_k, self.generate),
             self.generate_out,
