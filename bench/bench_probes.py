@@ -3,8 +3,9 @@ mode, on spawned gloo ranks.
 
 Prints a table: median step time of tiny-llama with probes on vs off, and with the probes on,
 tracing (runtime/probes/causes.py) off vs on (steps interleaved on/off so load drift hits both
-alike), and with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for a tiny all_reduce and a step.
-Run: .venv/bin/python bench/bench_probes.py [--ranks 4]
+alike), with TORCH_DISTRIBUTED_DEBUG=DETAIL vs OFF for a tiny all_reduce and a step, and with
+torch's flight recorder off vs on (runtime/probes/recorder.py; the session's default size).
+Run: .venv/bin/python bench/bench_probes.py [--ranks 4] [--only probes|recorder]
 Knows nothing of pytest; uses tests/mp_harness.py to start the ranks.
 """
 from __future__ import annotations
@@ -61,12 +62,22 @@ def _all_reduce(rank: int, n: int) -> float:
 
 
 def main() -> None:
-    from mp_harness import run_ranks
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--only", choices=("probes", "recorder"), help="only the probes' rows, or the recorder's")
     args = ap.parse_args()
+    rows = [] if args.only == "recorder" else _probe_rows(args)
+    if args.only != "probes":
+        rows += _recorder_rows(args)
+    print(f"{'case':52s} {'a (ms)':>9s} {'b (ms)':>9s} {'b/a':>6s}")
+    for name, a, b in rows:
+        print(f"{name:52s} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:6.2f}")
+
+
+def _probe_rows(args) -> list:
+    from mp_harness import run_ranks
+
     rows = []
     for fields in PLANS:
         t = max(run_ranks(_steps, args.ranks, fields, args.steps, True), key=lambda d: d["on"])
@@ -83,9 +94,27 @@ def main() -> None:
         st = max(run_ranks(_steps, args.ranks, dict(fsdp=4), 10, False), key=lambda d: d["on"])["on"]
         rows.append((f"debug {debug}: all_reduce(16 floats) / fsdp=4 step", ar, st))
     os.environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    print(f"{'case':52s} {'a (ms)':>9s} {'b (ms)':>9s} {'b/a':>6s}")
-    for name, a, b in rows:
-        print(f"{name:52s} {a * 1e3:9.2f} {b * 1e3:9.2f} {b / a:6.2f}")
+    return rows
+
+
+def _recorder_rows(args) -> list:
+    """Off and on alternated twice (the faster of each kept: load drift hits both alike); the size is
+    read by torch when each rank's group is made."""
+    from mp_harness import run_ranks
+
+    from interactive_parallel.records.stacks import RECORDER_ENTRIES
+
+    rows, sizes = [], ("0", str(RECORDER_ENTRIES))
+    for fields in (None, dict(dp=4), dict(fsdp=4), dict(dp=2, tp=2)):
+        got: dict[str, list[float]] = {e: [] for e in sizes}
+        for entries in sizes * 2:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = entries
+            got[entries].append(max(run_ranks(_all_reduce, args.ranks, 200)) if fields is None else
+                                max(run_ranks(_steps, args.ranks, fields, 10, False), key=lambda d: d["on"])["on"])
+        label = "all_reduce(16 floats)" if fields is None else "step " + ",".join(f"{k}={v}" for k, v in fields.items())
+        rows.append((f"{label}: flight recorder off / on", min(got["0"]), min(got[sizes[1]])))
+    os.environ.pop("TORCH_FR_BUFFER_SIZE", None)
+    return rows
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from interactive_parallel.plan.inference import quantization_problems, request_p
 from interactive_parallel.plan.search import search_plans
 from interactive_parallel.plan.steptime import predict_step
 from interactive_parallel.plan.virtual import DryRun, Simulated
+from interactive_parallel.cluster.where import ANSWER_S
+from interactive_parallel.records.stacks import COLLECTIVE_COLUMNS, STACK_COLUMNS, CollectiveRecord, FrameRecord, StackRecord
 from interactive_parallel.records import (CommRecord, DecodeStep, ExpertRecord, HardwareProfile, MemoryRecord,
                                           ParamDiff, PipelineEvent, QuantizeRecord, RankInfo, RankPlace, RecordList,
                                           Request, RequestRecord, ServeEngine, ServePolicy, ServeResult, ShardRecord,
@@ -44,7 +46,8 @@ ELEMENTS: dict[str, tuple[type, ...]] = {
     "train_async": (StepRecord,), "generate_async": (str,), "doctor": (RankInfo,), "memory": (MemoryRecord,),
     "comms": (CommRecord,), "timeline": (CommRecord, PipelineEvent), "layout": (ShardRecord,),
     "predict_memory": (MemoryRecord,), "quantize": (QuantizeRecord,), "decoding": (DecodeStep,),
-    "quantized": (QuantizeRecord,), "search_plans": (StepPrediction,),
+    "quantized": (QuantizeRecord,), "search_plans": (StepPrediction,), "stacks_async": (StackRecord,),
+    "collectives_async": (CollectiveRecord,),
 }
 """The record types each list-returning method holds: checked on this fake and on a live Session."""
 
@@ -63,6 +66,7 @@ class FakeSession:
         self._alive = True
         self._stop = threading.Event()
         self._calibrated: HardwareProfile | None = None
+        self._training = False
 
     alive = property(lambda self: self._alive)
     device = property(lambda self: "cpu")
@@ -108,6 +112,14 @@ class FakeSession:
         self._plan = self.check_plan(base.replace(**{k: v for k, v in knobs.items() if v is not None}))
         out = RecordList(columns=STEP_COLUMNS)
         first = len({r.step for r in self.history})
+        self._training = True
+        try:
+            await self._train_steps(steps, first, out, on_step)
+        finally:
+            self._training = False
+        return out
+
+    async def _train_steps(self, steps: int, first: int, out: RecordList, on_step) -> None:
         for i in range(steps):
             if self._stop.is_set():
                 break
@@ -120,7 +132,6 @@ class FakeSession:
             out.extend(batch)
             if on_step is not None:
                 on_step(batch)
-        return out
 
     def _step_record(self, rank: int, step: int) -> StepRecord:
         t = time.time()
@@ -317,6 +328,30 @@ class FakeSession:
         shard = next(r for r in self._shards() if r.param == name and r.rank == rank)
         values = torch.arange(math.prod(shard.global_shape), dtype=torch.float32).reshape(shard.global_shape) / 100
         return Fetched(name, what, None if full else rank, values, [shard])
+
+    async def stacks_async(self, *, all_threads: bool = False, timeout: float = ANSWER_S) -> RecordList:
+        """Rank 3 does not answer; the others sit in an all_reduce under a made-up decoder layer
+        while training runs, idle otherwise."""
+        self.calls.append(("stacks", all_threads, timeout))
+        busy = self._training
+        frames = [FrameRecord(file="/pkg/interactive_parallel/runtime/loop.py", line=40, function="train", own=True),
+                  FrameRecord(file="/site-packages/transformers/llama.py", line=120, function="forward",
+                              module="model.layers.0.mlp"),
+                  FrameRecord(file="/site-packages/torch/distributed/distributed_c10d.py", line=2900,
+                              function="all_reduce")] if busy else []
+        rows = [StackRecord(rank=r, thread="MainThread", main=True, frames=frames,
+                            collective="all_reduce" if busy else "") for r in range(min(self._world, 3))]
+        rows += [StackRecord(rank=r, error=f"did not answer within {timeout:g} s") for r in range(3, self._world)]
+        return RecordList(rows, columns=STACK_COLUMNS)
+
+    async def collectives_async(self, last: int = 20, *, timeout: float = ANSWER_S) -> RecordList:
+        """Ranks 0-2 of the world group (rank 3 does not answer): all_reduces #56 and #57, and while
+        training runs ranks 0 and 2 wait in #58, which rank 1 never issued."""
+        self.calls.append(("collectives", last, timeout))
+        seqs = {r: [56, 57] + ([58] if self._training and r != 1 else []) for r in range(min(self._world, 3))}
+        rows = [CollectiveRecord(rank=r, group="world", seq=q, op="all_reduce", ranks=list(range(self._world)),
+                                 in_sizes=[[256]], time=float(q)) for r, qs in seqs.items() for q in qs[-last:]]
+        return RecordList(rows, columns=COLLECTIVE_COLUMNS)
 
     def dry_run(self, plan: Plan | None = None, world: int | None = None, **kwargs: Any) -> DryRun:
         """Every rank of `plan` 'simulated': memory as predicted, one tp or dp all_reduce, every

@@ -86,7 +86,8 @@ def test_a_fault_names_every_bad_field():
 @pytest.mark.parametrize("args, message", [((0, "cpu", None, 20), "ranks(0)"),
                                            ((2, "tpu", None, 20), "device 'tpu'"),
                                            ((2, "cpu", " ", 20), "interface ' '"),
-                                           ((2, "cpu", None, -1), "snapshot_every(-1)")])
+                                           ((2, "cpu", None, -1), "snapshot_every(-1)"),
+                                           ((2, "cpu", None, 20, None, -5), "flight_recorder(-5)")])
 def test_session_arguments_are_refused_before_any_process(args, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         checks.check_session_args(*args)

@@ -3,7 +3,7 @@
 After one cycle that creates what a process makes once (below), each of eight cycles (every plan twice) starts a
 2-rank session, lays tiny-llama out under one of four plans (dp, fsdp, tp,
 pp in turn), trains two steps with the probes on (memory, comm ledger, compute intervals;
-the default) and a snapshot, and stops. Counted before the eight and after them:
+the default) and a snapshot, asks where the ranks are (stacks), and stops. Counted before the eight and after them:
 this process's child processes and their listening ports, this process's threads, the
 shared-memory segments in /dev/shm, the entries of the scratch base (records.state.scratch_base:
 an xdist worker's own) and of the temporary directory (new ones only, each named when it is left;
@@ -84,6 +84,7 @@ def _cycle(plan: Plan) -> None:
         records = s.train(2, snapshot_every=2)
         assert len(records) == 4 and all(r.memory is not None and r.memory.activations > 0 for r in records), \
             "the probes measured nothing"
+        assert [x.state for x in s.stacks()] == ["idle", "idle"]  # asked on the control channel: nothing to leave
 
 
 def test_eight_start_stop_cycles_leave_nothing_behind():

@@ -101,3 +101,53 @@ def test_nccls_words_are_read_as_gloos_are(text, lost, waited):
 def test_a_dead_rank_behind_nccls_remote_error_is_named():
     found = explain(err(0, evalue=NCCL_REMOTE, others={1: f"DistBackendError: {NCCL_ABORTED}"}), ev(dead=[2]))
     assert (found.error.rank, found.error.ename) == (2, "EngineDied") and set(found.error.others) == {0, 1}
+
+
+def test_a_timeout_says_which_ranks_reached_which_collective_and_where_the_running_rank_is():
+    """dp4, rank 1 never issued all_reduce #58 on the world group: 0, 2 and 3 wait in it, rank 1 is
+    at #57; rank 2 is still running, blocked in an all_reduce inside a decoder layer's mlp. The two
+    'tp' groups of dp2 x tp2 are told apart by their members."""
+    from interactive_parallel.records.stacks import CollectiveRecord, FrameRecord, StackRecord, first_mismatch
+
+    def c(rank, seq, state="scheduled", group="world", sizes=((256,),), members=(0, 1, 2, 3), t=None):
+        return CollectiveRecord(rank=rank, group=group, seq=seq, op="all_reduce", state=state, ranks=list(members),
+                                in_sizes=[list(x) for x in sizes], time=float(seq if t is None else t))
+
+    colls = [c(r, s) for r in range(4) for s in (56, 57)] + [c(r, 58, "started") for r in (0, 2, 3)]
+    tp = [c(r, s, group="tp", members=(0, 1) if r < 2 else (2, 3)) for r in range(4) for s in range(1, 4)]
+    tp += [c(r, 4, group="tp", members=(0, 1)) for r in (0, 1)]  # one tp group ahead of the other: no mismatch
+    found = first_mismatch(colls + tp)
+    assert (found.group, found.members, found.seq, found.behind) == ("world", (0, 1, 2, 3), 58, {1: 57})
+    assert found.issued == {("all_reduce", "[[256]]", "started"): [0, 2, 3]}
+    assert first_mismatch(tp) is None
+    # point-to-point ops (pp, ring attention) compared by count: a send and its receive differ by nature
+    p2p = [CollectiveRecord(rank=r, group="pp", seq=s, op="send" if r == 0 else "recv", ranks=[0, 2], p2p=True,
+                            time=float(s)) for r in (0, 2) for s in range(1, 6 if r == 0 else 5)]
+    found = first_mismatch(p2p)
+    assert (found.p2p, found.seq, found.behind, list(found.issued.values())) == (True, 5, {2: 4}, [[0]])
+    assert first_mismatch([c for c in p2p if c.seq < 5]) is None and "at point-to-point op #5" in found.describe()
+    # the skipper's next collective (a 1-element stop vote) took the number its peers wait under: the first
+    # number they disagree on is found a few collectives back, and the earliest group's mismatch comes first
+    skipped = [c(r, s, sizes=((1,),) if r == 1 and s >= 58 else ((256,),)) for r in range(4) for s in (57, 58, 59)]
+    later = [c(r, 9, group="tp", members=(0, 1) if r < 2 else (2, 3), t=100.0) for r in (0, 2, 3)]
+    found = first_mismatch(skipped + later)
+    assert (found.group, found.seq, found.behind) == ("world", 58, {})
+    assert found.issued == {("all_reduce", "[[256]]", "scheduled"): [0, 2, 3], ("all_reduce", "[[1]]", "scheduled"): [1]}
+    assert "first mismatch on group 'world' [0, 1, 2, 3] at collective #58: rank(s) [0, 2, 3] issued all_reduce [[256]] " \
+        "(scheduled); rank(s) [1] issued all_reduce [[1]] (scheduled)" in diagnose.where_text(skipped, [])
+    stack = StackRecord(rank=2, main=True, collective="all_reduce", frames=[
+        FrameRecord(file="/x/train.py", line=120, function="forward", module="model.layers.3.mlp"),
+        FrameRecord(file="/site-packages/torch/distributed/distributed_c10d.py", line=9, function="all_reduce")])
+    found = explain(err(0, evalue=TIMEOUT, others={1: "RuntimeError: timed out", 3: "RuntimeError: timed out"},
+                        stuck=[2]), ev(collectives=colls + tp, stacks=[stack]))
+    text = str(found.error)
+    assert found.error.mismatch.seq == 58 and found.error.mismatch.behind == {1: 57}
+    assert found.error.collectives == colls + tp and found.error.stacks == [stack]  # what a figure draws
+    assert found.error.with_fault("hang on rank 1").collectives == colls + tp  # kept through every copy
+    assert ("first mismatch on group 'world' [0, 1, 2, 3] at collective #58: rank(s) [1] never issued it (latest #57); "
+            "rank(s) [0, 2, 3] issued all_reduce [[256]] (started)") in text
+    assert "latest on world [0, 1, 2, 3]: rank(s) [0, 2, 3] #58 all_reduce started; rank(s) [1] #57 all_reduce" in text
+    assert "latest on tp [0, 1]: rank(s) [0, 1] #4 all_reduce" in text and "latest on tp [2, 3]: rank(s) [2, 3] #3" in text
+    assert "rank 2 still running: in all_reduce at train.py:120 in forward [model.layers.3.mlp]" in text
+    # without a timeout (a rank raised on its own) nothing is asked or said
+    assert "first mismatch" not in str(explain(err(0, "ValueError", "bad"), ev(collectives=colls)).error)

@@ -7,6 +7,9 @@ transformers'):
 - the RankError names the faulty rank and the injected fault, as what it is (a dead engine, a
   rank hung past the collective timeout, the rank's own exception); a slow rank raises nothing
   and slows the step by at least its `seconds`;
+- a hang's error says where the ranks were (err.where, err.mismatch): the hung rank's stack, and
+  (but under pp) the group on which the flight recorder shows it behind its peers; a rank that
+  skips an all_reduce in a user's `run` is named with the sequence number it never issued;
 - no process is left waiting: after the next call no call is pending and the pool's engine
   processes are exactly the ranks';
 - the next call works, and what it starts from is what docs/faults.md's "What it survives"
@@ -108,6 +111,21 @@ def _check_named(err: RankError, fault: str, victim: int) -> None:
         assert err.ename == "RankHung"  # found by the collective timeout, as docs/faults.md says
 
 
+def _check_where(err: RankError, victim: int, by_sequence: bool) -> None:
+    """A hang as it shows: the hung rank's stack, still running, is in the fault's sleep; and (by_sequence)
+    on the group where the ranks first disagree, the flight recorder's sequence numbers show the hung
+    rank behind, never having issued the collective its peers wait in. Not under pp: gloo's recorder
+    leaves out send / recv, so a stage waiting on the hung stage's send is behind too, and may be first."""
+    assert f"rank {victim} still running:" in err.where and "in _fire" in err.where, err.where
+    if not by_sequence:
+        return
+    found = err.mismatch
+    assert found is not None and victim in found.members and victim in found.behind, err.where
+    assert all(found.behind[r] < found.seq for r in found.behind), err.where
+    assert {c.rank for c in err.collectives} == {0, 1, 2, 3} and victim in {x.rank for x in err.stacks}
+    assert f"first mismatch on group {found.group!r}" in err.where and f"rank(s) {sorted(found.behind)} never" in err.where
+
+
 def _nothing_waits(s) -> None:
     """No call pending, and the pool runs exactly the ranks' engine processes."""
     assert not s.ranks.caller.pending
@@ -142,6 +160,8 @@ def test_fault_during_train(session, reference, plan, fault):
         return
     err, latency = _fails(lambda: s.train(3, snapshot_every=2), fault, victim, s)
     _check_named(err, fault, victim)
+    if fault == "hang":
+        _check_where(err, victim, "pp" not in plan)
     resumed, next_s = _next_call(s, lambda: s.train(2, snapshot_every=2))
     _nothing_waits(s)
     first = 3 if KEPT[fault] == "kept" else 2
@@ -151,6 +171,37 @@ def test_fault_during_train(session, reference, plan, fault):
     assert all(abs(v - reference[k]) <= LOSS_TOL for k, v in losses.items()), (losses, reference)
     MEASURED.append(dict(call="train", plan=plan, fault=fault, where=where, named=err.ename, seconds=latency,
                          kept=KEPT[fault], next_s=next_s))
+
+
+def _skip_all_reduce_on(victim: int) -> float:
+    """Every rank all_reduces once; then each rank but `victim` all_reduces again, an all_reduce
+    `victim` skips (as a user's function that skips one on one rank)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() != victim:
+        dist.all_reduce(t)
+    return t.item()
+
+
+def test_a_skipped_all_reduce_is_shown_as_the_mismatch_it_is(session):
+    """dp4's ranks 0, 2 and 3 time out in an all_reduce rank 1 never issued: the error names rank
+    0 (the first to give up), and says that rank 1 never issued the collective the others wait
+    in, with the group's sequence numbers as torch's flight recorder counted them."""
+    s, victim = session, 1
+    _fresh(s, "dp4")
+    with pytest.raises(RankError) as caught:
+        s.run(_skip_all_reduce_on, victim)
+    err = caught.value
+    assert "Timed out" in str(err) and victim not in (err.rank, *err.others), str(err)[:2000]
+    found = err.mismatch  # the victim's last all_reduce is the one before the number its peers wait under
+    assert (found.group, found.members, found.behind) == ("world", (0, 1, 2, 3), {victim: found.seq - 1}), err.where
+    assert list(found.issued.values()) == [[0, 2, 3]] and [op for op, _, _ in found.issued] == ["all_reduce"]
+    assert (f"first mismatch on group 'world' [0, 1, 2, 3] at collective #{found.seq}: rank(s) [{victim}] never issued it "
+            f"(latest #{found.seq - 1}); rank(s) [0, 2, 3] issued all_reduce [[1]]") in str(err)
+    assert s.run(_skip_all_reduce_on, -1) == [16.0] * 4  # the group re-formed: every rank joins both
 
 
 @pytest.mark.parametrize("fault", ["kill", "hang"])

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from conftest import assert_gone, pool_footprint
+from conftest import assert_gone, pool_footprint, until
 from interactive_parallel import Plan, PlanError, Session
 from interactive_parallel.cluster import RankError
 from interactive_parallel.plan import resolve_model
@@ -186,6 +186,74 @@ def test_run_and_px_all_reduce(session4):
     session4.view.execute("t = torch.ones(2) * (rank + 1); dist.all_reduce(t); v = t.tolist()", block=True)
     assert session4.view.pull("v", block=True) == [[10.0, 10.0]] * 4
     assert session4.view.pull("rank", block=True) == [0, 1, 2, 3]
+
+
+def _late_all_reduce(gate: str, wait_s: float = 30.0) -> float:
+    """Every rank all_reduces once; then ranks 1-3 all_reduce again inside a module named as a
+    model's (`model.layers.1.mlp`), which rank 0 joins only once `gate` exists (or after wait_s):
+    until then 1-3 are blocked in that collective."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from interactive_parallel.runtime.probes.modules import NAMES
+
+    class Mlp(nn.Module):
+        def forward(self, t):
+            dist.all_reduce(t)
+            return t
+
+    mlp = Mlp()
+    NAMES[mlp] = "model.layers.1.mlp"
+    t = torch.ones(1)
+    dist.all_reduce(t)  # one every rank joins: rank 0's latest collective
+    t.fill_(1.0)
+    if dist.get_rank() == 0:
+        deadline = time.monotonic() + wait_s
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return mlp(t).item()
+
+
+def test_stacks_name_the_collective_ranks_wait_in_and_the_rank_that_is_elsewhere(session4, tmp_path):
+    import threading
+
+    s, gate = session4, tmp_path / "rank-0-may-join"
+    idle = s.stacks()
+    assert [(x.rank, x.state, x.frames) for x in idle] == [(r, "idle", []) for r in range(4)]
+    done = []
+    worker = threading.Thread(target=lambda: done.append(s.run(_late_all_reduce, str(gate))))
+    worker.start()
+    try:
+        seen = []
+        assert until(lambda: seen.append(s.stacks()) or
+                     [x.state for x in seen[-1]] == ["running", "in all_reduce", "in all_reduce", "in all_reduce"],
+                     timeout=20), str(seen[-1])
+        stacks = seen[-1]
+        for x in stacks[1:]:  # the frame that issued it, inside the model's module, and torch's own
+            assert x.module_path() == ["model.layers.1.mlp"] and x.where.endswith("in forward [model.layers.1.mlp]")
+            assert any(f.function == "all_reduce" and f.file.endswith("distributed_c10d.py") for f in x.frames)
+        assert stacks[0].where.startswith("test_session.py:") and "_late_all_reduce" in stacks[0].where
+        every = s.stacks(all_threads=True)  # the engines' other threads too (IOPub, heartbeat, ...)
+        assert len(every) > 4 and {x.rank for x in every if x.main} == {0, 1, 2, 3}
+        # torch's flight recorder (gloo's groups record too): ranks 1-3 one collective ahead of rank 0
+        last = {c.rank: c for c in s.collectives(last=2) if c.group == "world"}
+        assert sorted(last) == [0, 1, 2, 3], last
+        assert {last[r].seq for r in (1, 2, 3)} == {last[0].seq + 1}, last
+        assert all(last[r].op == "all_reduce" and last[r].in_sizes == [[1]] for r in range(4)), last
+        assert last[1].where.startswith("test_session.py:") and last[1].where.endswith(" in forward"), last[1]
+        # the same, as torch's own analyzer reads the dumps the session wrote: rank 0 missing from the world
+        # group's collective number n (the one ranks 1-3 wait in)
+        paths = s.dump_collectives(tmp_path / "fr")
+        assert sorted(os.path.basename(p) for p in paths) == [f"rank_{r}" for r in range(4)]
+        told = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path / "fr"),
+                               "-p", "rank_"], capture_output=True, text=True, timeout=120)
+        said = told.stdout + told.stderr
+        assert f"Not all ranks joining collective, sequence number: {last[1].seq}" in said, said[-3000:]
+        assert "missing ranks: {0}" in said and "group info: 0:default_pg" in said, said[-3000:]
+    finally:
+        gate.touch()
+        worker.join(60)
+    assert done == [[4.0] * 4]
 
 
 def test_killed_rank_is_named_and_replaced():

@@ -81,9 +81,11 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
     gate = tmp_path / "client-saw-the-first-step"
     s.run(_hold_steps_after, first, 30.0, str(gate))
     monkeypatch.setattr(s.ranks.caller, "submit", lambda fn, *a, **k: submits.append(fn.__name__) or real(fn, *a, **k))
-    arrivals = []
+    arrivals, where = [], []
 
     def on_step(recs):
+        if not arrivals:  # the ranks hold their second step until the gate: ask where they are
+            where.append(s.stacks())
         arrivals.append(recs)
         gate.touch()  # the ranks' second step starts only now: what ran before it has streamed
 
@@ -98,6 +100,21 @@ def test_train_is_one_remote_call_and_steps_arrive_while_it_runs(laid_out, monke
     head = arrivals[0][0]
     assert isinstance(head, StepRecord) and isinstance(head.memory, MemoryRecord) and head.comms
     assert [(r.rank, r.step, r.loss) for r in s.history[-len(out):]] == [(r.rank, r.step, r.loss) for r in out]
+    # where each rank was while the train ran: inside the train loop, held in the test's gate (an answer from
+    # each rank's control thread, the main thread being busy with the call; no call submitted for it)
+    stacks = where[0]
+    assert [(x.rank, x.main, x.state) for x in stacks] == [(r, True, "running") for r in range(4)], str(stacks)
+    for x in stacks:
+        calls = [(f.file.rsplit("/", 1)[-1], f.function, f.own) for f in x.frames]
+        assert ("loop.py", "train", True) in calls, calls
+        assert x.where.startswith("test_session_streaming.py:") and x.where.endswith(" in held"), x.where
+    # the comm ledger's records carry their group's sequence number as torch's flight recorder counts it: the
+    # last step's collectives are found in s.collectives() under the same rank, group and number
+    recorded = {(c.rank, tuple(c.ranks), c.seq): c.op for c in s.collectives(last=400) if not c.p2p}
+    ledger = [c for r in out if r.step == out[-1].step for c in r.comms if c.op not in ("send", "recv")]
+    missing = [(c.rank, c.op, c.group, c.seq) for c in ledger if (c.rank, tuple(c.group), c.seq) not in recorded]
+    assert ledger and not missing, (missing[:10], sorted(recorded)[-10:])
+    assert all(recorded[c.rank, tuple(c.group), c.seq] == c.op for c in ledger)  # tp's and dp's all-reduces
 
 
 @pytest.mark.parametrize("plan", [PLAN, Plan(dp=4, batch_size=8, seq_len=32)], ids=["dp2xtp2", "dp4"])

@@ -479,3 +479,30 @@ def test_schedule_figure_round_trips_and_empty_preview():
     empty = SchedulePreview(schedule="1f1b", torch_class="Schedule1F1B", pp=1, microbatches=1, stages_per_rank=1)
     fig = schedule_figure(empty)
     assert not fig.data and "no pipeline" in fig.layout.annotations[0].text
+
+
+def test_collective_lanes_mark_the_rank_that_never_issued_the_collective_its_peers_wait_in():
+    from interactive_parallel.records.stacks import CollectiveRecord
+    from interactive_parallel.viz import collective_lanes_figure
+    from interactive_parallel.viz.collectives import NO_COLLECTIVES
+
+    def c(rank, seq, group="world", members=(0, 1, 2, 3), op="all_reduce"):
+        return CollectiveRecord(rank=rank, group=group, seq=seq, op=op, ranks=list(members), in_sizes=[[4]],
+                                time=float(seq))
+
+    world = [c(r, s) for r in range(4) for s in (56, 57)] + [c(r, 58, op="all_gather") for r in (0, 2, 3)]
+    tp = [c(r, s, "tp", (0, 1) if r < 2 else (2, 3)) for r in range(4) for s in (1, 2)]
+    fig = collective_lanes_figure(world + tp)  # the group of the first mismatch: the world's
+    assert names(fig) == ["all_gather", "all_reduce"] and "world [0, 1, 2, 3]" in fig.layout.title.text
+    gather = fig.data[0]
+    assert list(gather.x) == [58, 58, 58] and list(gather.y) == ["rank 0", "rank 2", "rank 3"]
+    assert [s.x0 for s in fig.layout.shapes] == [58]
+    assert any(a.text == "rank(s) [1] never issued #58" for a in fig.layout.annotations)
+    agreed = collective_lanes_figure(world + tp, group="tp")  # both tp groups agree: nothing marked
+    assert not agreed.layout.shapes and "first mismatch" not in agreed.layout.title.text
+    with pytest.raises(ValueError, match="groups are tp, world"):
+        collective_lanes_figure(world + tp, group="pp")
+    for empty in ([], None):  # its own empty state: collectives come from a question, not a step
+        assert [a.text for a in collective_lanes_figure(empty).layout.annotations] == [NO_COLLECTIVES]
+    with pytest.raises(TypeError, match="from_dict"):
+        collective_lanes_figure(dicts(world))

@@ -130,7 +130,8 @@ def test_the_fake_returns_the_types_session_declares():
         "quantize": s.quantize("int8-weight-only"), "decoding": s.decoding(), "served": s.served(),
         "quantized": s.quantized(), "dequantize": s.dequantize(), "dry_run": s.dry_run(Plan(dp=8)),
         "calibrate": s.calibrate(), "predict_step": s.predict_step(), "search_plans": s.search_plans(top=3),
-        "calibrate_async": asyncio.run(s.calibrate_async()),
+        "calibrate_async": asyncio.run(s.calibrate_async()), "stacks_async": asyncio.run(s.stacks_async()),
+        "collectives_async": asyncio.run(s.collectives_async()),
         "interrupt": s.interrupt(), "stop": s.stop(),
     }
     assert set(values) == {n for n, v in vars(FakeSession).items() if not n.startswith("_") and callable(v)}
@@ -164,9 +165,9 @@ def test_panel_builds_with_a_css_class_on_every_control_and_figure():
         "ip-serve-output", "ip-quantize-scheme", "ip-quantize-button", "ip-dequantize-button", "ip-quantize-output",
         "ip-tokens-per-step-figure", "ip-kv-memory-figure", "ip-step-split-figure", "ip-request-timeline-figure",
         "ip-latency-figure", "ip-quantization-figure", "ip-dry-run", "ip-dry-run-button", "ip-dry-run-status",
-        "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure"}
+        "ip-mesh-figure", "ip-expert-load-figure", "ip-tokens-moved-figure", "ip-where-button", "ip-where-output", "ip-where-lanes-figure"}
     assert expected <= classes(p), sorted(expected - classes(p))
-    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 19
+    assert len({id(w) for w in every_widget(p) if isinstance(w, go.FigureWidget)}) == 20
     assert "hostA" in p.cluster.status.value and "1003" in p.cluster.status.value
     # device: cuda is not offered, and the panel says why
     assert p.cluster.device.options == ("cpu",) and "no GPU" in p.cluster.device_note.value
@@ -637,6 +638,30 @@ def test_stop_interrupts_training_and_controls_are_frozen_meanwhile():
 
 
 @pytest.mark.pure
+def test_where_are_the_ranks_shows_each_ranks_stack_while_training_runs():
+    s, p = laid_out(step_delay=0.05)
+    where = p.run_section.jobs.where
+    assert not where.disabled  # a live session, no job: asking is allowed
+    assert p.run_section.jobs.where_box.layout.display == "none"  # no lanes before the first question
+    job = p.train(200)
+    assert until(lambda: p.run_section.progress.value >= 2)
+    assert not where.disabled and p.run_section.train.disabled  # live while every action control is frozen
+    asked = p.run_section.jobs.show_stacks()
+    assert asked.wait(5) and asked.error is None
+    shown = p.run_section.jobs.where_out.value
+    assert "rank 0</b>: in all_reduce" in shown and "model.layers.0.mlp" in shown and "ip-model" in shown
+    assert "ip-own" in shown and "rank 3</b>: did not answer within 2 s" in shown
+    lanes = p.run_section.jobs.where_lanes  # beside the stacks: the world's lanes, rank 1 short of #58
+    assert p.run_section.jobs.where_box.layout.display == "" and ("collectives", 20, 2.0) in s.calls
+    assert [a.text for a in lanes.layout.annotations] == ["rank(s) [1] never issued #58"]
+    assert sorted(set(lanes.data[0].y)) == ["rank 0", "rank 1", "rank 2"] and max(lanes.data[0].x) == 58
+    p.run_section.interrupt.click()
+    assert job.wait(5) and ("stacks", False, 2.0) in s.calls
+    where.click()
+    assert until(lambda: "rank 0</b>: idle" in p.run_section.jobs.where_out.value)
+
+
+@pytest.mark.pure
 def test_without_a_session_the_cluster_section_starts_one(monkeypatch):
     import interactive_parallel.cluster as cluster_pkg
 
@@ -772,3 +797,8 @@ def test_panel_drives_a_live_session(session4):
     assert p.run(_fails_on_rank_three) is None
     assert "rank 3" in p.error_text and "rank three refuses" in p.error_text
     assert p.run(lambda: 7) == [7] * 4 and not r.generate.disabled
+    asked = p.run_section.jobs.show_stacks()  # "Where are the ranks?": answered by the live ranks' control threads
+    assert asked.wait(10) and asked.error is None, asked.error
+    assert all(f"rank {k}</b>: idle" in p.run_section.jobs.where_out.value for k in range(4))
+    lanes = p.run_section.jobs.where_lanes  # the ranks agree (nothing marked), each has a lane
+    assert not lanes.layout.shapes and {y for t in lanes.data for y in t.y} == {f"rank {k}" for k in range(4)}

@@ -242,7 +242,8 @@ def check_fault(fault: FaultSpec, world_size: int, kinds: Sequence[str], places:
     return fault
 
 
-def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: Any, launch: Any = None) -> None:
+def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: Any, launch: Any = None,
+                       flight_recorder: Any = 0) -> None:
     """Session(...)'s own arguments, before any process starts."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ranks({ranks}) must be a whole number >= 1")
@@ -252,5 +253,7 @@ def check_session_args(ranks: Any, device: Any, interface: Any, snapshot_every: 
         raise ValueError(f"interface {interface!r} must be a network interface name such as 'eth0'")
     if not whole(snapshot_every):
         raise ValueError(f"snapshot_every({snapshot_every}) must be a whole number >= 0")
+    if not whole(flight_recorder):
+        raise ValueError(f"flight_recorder({flight_recorder}) must be a whole number of collectives >= 0")
     if launch is not None and launch not in LAUNCHES:
         raise ValueError(f"launch {launch!r} is not " + ", ".join(repr(x) for x in LAUNCHES))

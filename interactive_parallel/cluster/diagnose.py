@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..records import FaultSpec
+from ..records.stacks import CollectiveRecord, StackRecord, first_mismatch, groups_of
 from .errors import RankError
 
 LOST = re.compile(r"Connection (reset|closed)|Broken pipe|EOF|Socket closed|peer|remote process exit|ncclRemoteError"
@@ -89,6 +90,10 @@ class Evidence:
     controller_gone: bool = False
     """The pool's ipyparallel controller (a process of ours) has ended."""
     controller_pid: int | None = None
+    collectives: list[CollectiveRecord] = field(default_factory=list)
+    """After a timed-out collective: each rank's latest collectives per group (flight recorder)."""
+    stacks: list[StackRecord] = field(default_factory=list)
+    """After a timed-out collective: the stacks of the ranks still running the call."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +122,33 @@ def explain(exc: RankError, ev: Evidence) -> Diagnosis:
                 or [f for f in ev.armed if f.rank in named] or ev.armed)
     if culprits:
         exc = exc.with_fault("; ".join(f.describe() for f in culprits))
+    if waited_out and (ev.collectives or ev.stacks):
+        exc = exc.with_where(where_text(ev.collectives, ev.stacks), first_mismatch(ev.collectives), ev.collectives,
+                             ev.stacks)
     return Diagnosis(exc, patience)
+
+
+def where_text(collectives: list[CollectiveRecord], stacks: list[StackRecord]) -> str:
+    """Lines for the error: the first mismatch (records/stacks.py's `first_mismatch`), each
+    group's latest collective per rank (ranks alike folded), and where each rank still running is."""
+    lines = []
+    found = first_mismatch(collectives)
+    if found:
+        lines.append(f"  first mismatch {found.describe()}")
+    groups = groups_of(collectives)
+    for group, members, p2p in sorted(groups, key=lambda k: (k[0] != "world", k)):
+        alike: dict[tuple, list[int]] = {}
+        for r, seqs in sorted(groups[group, members, p2p].items()):
+            c = seqs[max(seqs)]
+            alike.setdefault((c.seq, c.op, c.state), []).append(r)
+        lines.append(f"  latest {'point-to-point ' if p2p else ''}on {group} {list(members)}: " + "; ".join(
+            f"rank(s) {rs} #{seq} {op} {state}" for (seq, op, state), rs in alike.items()))
+    for s in stacks:
+        if s.frames:
+            path = s.module_path()
+            lines.append(f"  rank {s.rank} still running: {s.state} at {s.where}"
+                         + (f" (modules {' > '.join(path)})" if len(path) > 1 else ""))
+    return "\n".join(lines)
 
 
 def _others(exc: RankError) -> dict[int, str]:

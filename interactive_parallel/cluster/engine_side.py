@@ -66,7 +66,44 @@ def install() -> bool:
 
     channel.set_sink(sink, flush)
     channel.set_stop_source(stop_source)
+    kernel.control_handlers[WHERE_REQUEST] = _where_handler(kernel)
     return True
+
+
+WHERE_REQUEST, WHERE_REPLY = "ip_where_request", "ip_where_reply"
+"""A question about where this rank is (its stacks, its groups' latest collectives, or its flight
+recorder written for torch's analyzer), asked on
+ipyparallel's control channel: the kernel's control thread answers it while the main thread
+runs a call, also one blocked in a collective. The client sends it (cluster/where.py); no
+socket or thread of our own."""
+
+
+def _where_handler(kernel):
+    from ..runtime import api
+
+    def handle(stream, ident, parent) -> None:
+        ask = parent["content"]
+        try:
+            if ask.get("what") == "collectives":
+                found = [r.to_dict() for r in api.collectives(int(ask.get("last", 20)))]
+            elif ask.get("what") == "dump":
+                found = [api.dump_collectives(str(ask["folder"]))]  # the path it wrote
+            else:
+                found = [r.to_dict() for r in api.stacks(bool(ask.get("all_threads")), cut=_engine_frame)]
+            reply = {"status": "ok", "records": found}
+        except Exception as exc:  # noqa: BLE001 - answered, never raised in the control thread
+            reply = {"status": "error", "evalue": f"{type(exc).__name__}: {exc}"}
+        kernel.session.send(stream, WHERE_REPLY, reply, parent, ident)
+
+    return handle
+
+
+def _engine_frame(frame) -> bool:
+    """The engine's frame that runs a call (an apply request or a %px cell): the frames up to it
+    are the engine's own loop, not the rank's work."""
+    name, path = frame.f_code.co_name, frame.f_code.co_filename
+    return ((name == "do_apply" and path.endswith("kernel.py") and "ipyparallel" in path)
+            or (name == "run_code" and path.endswith("interactiveshell.py")))
 
 
 _STOPPED: set[str] = set()

@@ -4,7 +4,8 @@ Owns the short waits that make the naming right: for an injected fault's announc
 dead rank sent but the controller has not passed on yet (`announcement_due`), for a dead process behind a lost
 connection (on another host only the controller's heartbeat sees it; a process of our own
 pool is seen at once), and for blocked peers to time out too, so the rank still running after
-them can be named hung. Also owns `Witness`, what those waits read of a rank set (its caller,
+them can be named hung; and, after a timed-out collective, asking where the ranks are (their
+latest collectives as torch's flight recorder counts them, the stacks of those still running). Also owns `Witness`, what those waits read of a rank set (its caller,
 its dead processes, the faults armed and fired), declared here so that cluster/rankset.py,
 which gathers the evidence, is not imported back. Knows nothing of models or of the rank set
 beyond that.
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..records import FaultSpec
 from . import diagnose
@@ -21,6 +22,9 @@ from .calls import RankCaller
 from .diagnose import STUCK_MARGIN_S, Evidence
 from .errors import RankError, remote_error_fields
 
+LAST_COLLECTIVES = 64
+"""Per rank and group, the collectives a timed-out call's error compares (the first mismatch may
+lie a few collectives back: a rank that skipped one goes on pairing its next ones with its peers')."""
 DEATH_WAIT_S = 4.0
 """After a peer's connection dropped, how long to look for a dead engine behind it."""
 
@@ -29,6 +33,8 @@ class Witness(Protocol):
     """What the evidence of a failed call is read from: the rank set (cluster/rankset.py) is one."""
 
     caller: RankCaller | None
+    pool: Any
+    """The pool (where the ranks are asked through its client's control channel: cluster/where.py)."""
     collective_timeout: float
     faults: list[FaultSpec]
     """Faults armed for the call that failed."""
@@ -64,9 +70,25 @@ async def gather_evidence(ranks: Witness, exc: RankError) -> Evidence:
     hung, finished = None, {}
     if diagnose.wait_for_hung(exc, dead):
         hung, finished = await still_running(ranks)
+    gone = ranks.controller_gone()
+    collectives, stacks = await where_they_are(ranks) if diagnose.gave_up(exc, dead) and not gone else ([], [])
     return Evidence(hosts=list(ranks.caller.hosts), collective_timeout=ranks.collective_timeout, dead=dead,
                     hung=hung, finished=finished, fired=list(ranks.fired), armed=list(ranks.faults),
-                    controller_gone=ranks.controller_gone(), controller_pid=ranks.controller_pid())
+                    controller_gone=gone, controller_pid=ranks.controller_pid(), collectives=collectives,
+                    stacks=stacks)
+
+
+async def where_they_are(ranks: Witness) -> tuple[list, list]:
+    """After a timed-out collective: each rank's latest collectives per group, and the stacks of
+    the ranks still running (asked on their control threads: cluster/where.py); what cannot be
+    had is left out, never raised: the error being explained matters more."""
+    from . import where
+
+    try:  # both asked at once: each waits at most where.ANSWER_S for a rank that does not answer
+        (collectives, _), stacks = await asyncio.gather(where.collectives(ranks, LAST_COLLECTIVES), where.stacks(ranks))
+    except Exception:  # noqa: BLE001 - evidence is best effort
+        return [], []
+    return list(collectives), [s for s in stacks if s.frames]
 
 
 async def still_running(ranks: Witness) -> tuple[list[int], dict[int, str]]:

@@ -62,6 +62,8 @@ class RankSet:
     interface: str | None = None
     """Network interface of the process group on every rank (None: loopback on one host, else
     the interface rank 0 reaches the controller through, and on each rank the one toward rank 0)."""
+    recorder_entries: int | None = None
+    """Collectives torch's flight recorder keeps per rank over every group (None: its default)."""
     relayout: Relayout | None = None
     """Lays the model out again around every re-formed group (given when the Session is built)."""
     places: list[RankPlace] = field(default_factory=list)
@@ -125,8 +127,8 @@ class RankSet:
 
     async def form_group(self) -> None:
         """Rendezvous (cluster/rendezvous.py); each place learns its interface and address."""
-        joined = await rendezvous.form_group(self.call, self.places, device=self.device,
-                                             collective_timeout=self.collective_timeout, interface=self.interface)
+        joined = await rendezvous.form_group(self.call, self.places, device=self.device, interface=self.interface,
+                                             collective_timeout=self.collective_timeout, recorder_entries=self.recorder_entries)
         self.places = [dataclasses.replace(p, interface=j.interface, address=j.address)
                        for p, j in zip(self.places, joined)]
 

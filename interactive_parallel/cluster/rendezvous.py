@@ -21,7 +21,8 @@ from .errors import SessionError
 
 
 async def form_group(call: Callable[..., Awaitable[list]], places: Sequence[RankPlace], *, device: str,
-                     collective_timeout: float, interface: str | None) -> list[GroupMember]:
+                     collective_timeout: float, interface: str | None,
+                     recorder_entries: int | None = None) -> list[GroupMember]:
     """Rank 0 opens the store on its chosen address, every rank joins; each rank's GroupMember."""
     hosts = list(dict.fromkeys(p.host for p in places))
     if interface:
@@ -36,7 +37,7 @@ async def form_group(call: Callable[..., Awaitable[list]], places: Sequence[Rank
         raise SessionError(f"rank 0 (host {hosts[0]}) would rendezvous on loopback {addr} ({how}), which "
                            f"the ranks on {', '.join(hosts[1:])} cannot reach: name the interface the hosts "
                            "reach each other through, e.g. Session.attach(..., interface='eth0')")
-    return await call(api.init_process_group, (addr, port, device, collective_timeout, interface),
+    return await call(api.init_process_group, (addr, port, device, collective_timeout, interface, recorder_entries),
                       what="init_process_group", timeout=collective_timeout + 10)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from ..plan import ModelSpec, Plan
 from ..records import FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, StepRecord, TokenRecord, VerifyReport
+from ..records.stacks import RECORDER_ENTRIES
 from .calibration import Planner
 from .checks import check_session_args
 from .clocks import CLOCK_COLUMNS
@@ -58,7 +59,7 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
     def __init__(self, ranks: int = 4, device: str = "cpu", *, threads: int | None = None,
                  timeout: float = 120.0, collective_timeout: float = 60.0, interface: str | None = None,
                  snapshot_every: int = SNAPSHOT_EVERY, state_dir: str | None = None, launch: str | None = None,
-                 _pool: Pool | None = None):
+                 flight_recorder: int = RECORDER_ENTRIES, _pool: Pool | None = None):
         """A local pool of `ranks` engines (every socket on 127.0.0.1), or the attached one.
 
         `interface`: the network interface (e.g. 'eth0') the process group's store and gloo /
@@ -70,14 +71,17 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
         ranks on several hosts need a path they all share. `launch`: how a local pool starts its
         engines: 'fork' (the Linux default: forked from one process that imported torch once),
         'warm' or 'plain' (ipyparallel's launcher, each engine importing torch itself).
+        `flight_recorder`: collectives torch's flight recorder keeps on each rank, over all its
+        groups (what `collectives()` reads; 0: off).
         """
-        check_session_args(ranks, device, interface, snapshot_every, launch)
+        check_session_args(ranks, device, interface, snapshot_every, launch, flight_recorder)
         # Recovery is built first and handed to the rank set: any call through ranks.require()
         # may re-form the group and lay the model out again through it.
         self.telemetry = Telemetry(clock=lambda: self.ranks.clock_offsets())
         recovery = Recovery(ModelState(), Scratch(state_dir), self.telemetry)
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
-                             collective_timeout=collective_timeout, interface=interface, relayout=recovery)
+                             collective_timeout=collective_timeout, interface=interface, relayout=recovery,
+                             recorder_entries=flight_recorder)
         self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
         self.planner = Planner()
         try:

@@ -2,8 +2,11 @@
 laid-out model and of what its ranks did.
 
 Owns the public calls made beside `layout()`: the layout lint (`check_layout`), any rank's
-tensor (`fetch`) and why each collective of a step happened (`explain_comms`, a grouping of the
-telemetry the client already holds: no remote call). A mixin of Session, like
+tensor (`fetch`), why each collective of a step happened (`explain_comms`, a grouping of the
+telemetry the client already holds: no remote call), and where every rank is right now
+(`stacks`, `collectives` from torch's flight recorder, and `dump_collectives` for torch's own
+analyzer: asked on ipyparallel's control channel, so they answer while a call runs or hangs:
+cluster/where.py). A mixin of Session, like
 session_planning.py: stateless, it reads the Session's model operations, rank set, telemetry
 and world size (annotated here, assigned by Session); each remote call is written once as
 `name_async`, its blocking twin made by `blocking_twins`; bad input is refused before any rank
@@ -13,6 +16,9 @@ runtime.api, runtime/layout/lint.py), nor of how a cause is read on a rank
 """
 from __future__ import annotations
 
+import os
+import warnings
+
 from ..records import RecordList, TensorKind, comm_tree
 from ..records.lint import LINT_COLUMNS, merged
 from ..runtime import api
@@ -21,6 +27,7 @@ from .model_ops import ModelOps
 from .rankset import RankSet
 from .telemetry import Telemetry
 from .twins import blocking_twins
+from .where import ANSWER_S, collectives, dump, stacks
 
 
 @blocking_twins
@@ -78,3 +85,56 @@ class SessionDebugging:
             raise ValueError(f"rank {rank!r} is outside this session: ranks are 0..{self.world_size - 1} "
                              f"(world size {self.world_size})")
         return comm_tree(self.telemetry.comms(steps, raw=True), rank=rank)
+
+    # ---- where every rank is now (cluster/where.py) -------------------------------------------------
+    async def stacks_async(self, *, all_threads: bool = False, timeout: float = ANSWER_S) -> RecordList:
+        """Every rank's Python stack right now: a StackRecord per rank (per thread with
+        `all_threads`), frames outermost first, each a FrameRecord (file, line, function, source
+        line) flagged `own` (this package's code) and with `module`, the model module whose
+        method it runs (`model.layers.3.mlp`); `collective` names the torch.distributed call it
+        waits in, `where` the innermost frame of the user's, the model's or the package's code,
+        `state` 'idle', 'running', 'in all_reduce', ... Answers also while `train`, `generate`,
+        `serve` or `run` is running, and while a rank is blocked in a collective: each rank's
+        control thread answers (the thread ipyparallel's abort uses), not the one running the call.
+        A rank that is gone or does not answer within `timeout` seconds gets a row whose `error`
+        says so. Only the call's frames are shown (the engine's own loop below it is left out):
+        an idle rank has none. Nothing runs on the ranks' main threads; no collective."""
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        return await stacks(self.ranks, all_threads, float(timeout))
+
+    async def collectives_async(self, last: int = 20, *, timeout: float = ANSWER_S) -> RecordList:
+        """Each rank's latest `last` collectives per process group, from torch's flight recorder
+        (on for every group the session makes: `Session(flight_recorder=N)` entries per rank):
+        CollectiveRecords with the group ('world', 'dp', 'tp', ...), its sequence number (every
+        member of a group counts the same collectives: a rank whose latest number is behind its
+        peers' has not reached the collective they wait in), op, input and output sizes, state
+        ('scheduled', 'started', 'completed': NCCL's; under gloo always 'scheduled') and
+        `where`, the frame outside torch that issued it. Asked like `stacks()`, on each rank's control thread, so it answers during a hang;
+        a rank that does not answer within `timeout` is warned of and left out."""
+        if not (isinstance(last, int) and not isinstance(last, bool) and last > 0):
+            raise ValueError(f"last must be a whole number of collectives >= 1, not {last!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        rows, missing = await collectives(self.ranks, last, float(timeout))
+        if missing:
+            warnings.warn("no collectives from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+        return rows
+
+    async def dump_collectives_async(self, folder: str, *, timeout: float = ANSWER_S) -> list[str]:
+        """Each rank's flight recorder written where torch's own analyzer reads it, `folder/rank_<r>`
+        (the folder is made; ranks on several hosts need one they share); then
+        `python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_` pairs every rank's
+        collectives and reports the first that not every rank of its group joined. Asked like
+        `collectives()`, so it works during a hang; a rank that does not answer within `timeout` is
+        warned of. The paths written."""
+        if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
+            raise ValueError(f"folder must be a directory path, not {folder!r}")
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        folder = os.path.abspath(os.fspath(folder))
+        os.makedirs(folder, exist_ok=True)
+        paths, missing = await dump(self.ranks, folder, float(timeout))
+        if missing:
+            warnings.warn("no dump from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+        return paths

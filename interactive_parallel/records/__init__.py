@@ -5,7 +5,8 @@ keeps them, viz/ draws them; dicts (`to_dict`, `from_dict`) are for JSON files a
 One module per subject: base (the dict mechanism every record shares, the registry of kinds,
 tables), training, comm_tree (a step's collectives grouped by their cause: module, op,
 collective), schedule, hardware (a machine profile, calibration samples, a predicted step) (a pipeline schedule as torch simulates it), inference, ranks,
-state (a layout's state and the scratch directory), lint (what the layout lint found).
+state (a layout's state and the scratch directory), stacks (where each rank is: its threads'
+stacks, its groups' latest collectives), lint (what the layout lint found).
 Options going to the ranks and answers coming back are records too: nothing else crosses.
 Knows nothing of torch, ipyparallel or plotly.
 """
@@ -18,6 +19,7 @@ from .inference import (DecodeStep, GenerateOptions, Generation, QuantizeRecord,
 from .ranks import (ClockRecord, CommEstimate, FaultKind, FaultPlace, FaultSpec, GroupMember, HostMemory,
                     NetworkFacts, ParamDiff, RankFacts, RankIdentity, RankInfo, RankPlace, VerifyReport)
 from .schedule import ScheduleAction, SchedulePreview
+from .stacks import CollectiveRecord, FrameRecord, StackRecord
 from .state import LayoutInfo, RestoreSource, SaveInfo, ScratchLayout, SnapshotInfo
 from .training import (TENSOR_KINDS, CommRecord, DataKind, DataSource, ExpertRecord, MemoryRecord, PipelineEvent,
                        ShardRecord, StepRecord, TensorKind)
@@ -31,4 +33,5 @@ __all__ = [
     "RankIdentity", "RankPlace", "LayoutInfo",
     "RestoreSource", "SaveInfo", "ScratchLayout", "SnapshotInfo", "DataKind", "DataSource",
     "TENSOR_KINDS", "TensorKind", "ScheduleAction", "SchedulePreview", "LintFinding", "LintKind", "LintSeverity", "CalibrationSample", "HardwareProfile", "Link", "StepPrediction",
+    "CollectiveRecord", "FrameRecord", "StackRecord",
 ]

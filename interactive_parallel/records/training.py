@@ -84,6 +84,10 @@ class CommRecord(Record):
     at `needed_by`), False when code asked for it; None for any other collective."""
     phase: str = ""
     """forward, backward (recomputation included) or optimizer."""
+    seq: int = 0
+    """The group's collective sequence number as torch counts it on this rank: the flight
+    recorder's for the same op (CollectiveRecord.seq, Session.collectives()); 0 for send / recv
+    and when the group does not say."""
 
 
 @dataclass

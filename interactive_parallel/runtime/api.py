@@ -267,6 +267,42 @@ def fetch(name: str, what: str = "param", send: bool = True, data: DataSource | 
         return local_piece(st, name, what, send)
 
 
+def stacks(all_threads: bool = False, cut: Any = None) -> list:
+    """This rank's threads' stacks now, as StackRecords (runtime/probes/stacks.py), frames marked
+    with the model module they run in; asked on a thread other than the call's, which may be
+    blocked in a collective. `cut(frame)`: the host's own frames end at the last it accepts."""
+    from .probes.stacks import capture
+
+    st = _state.get()
+    return capture(st.rank, all_threads=all_threads, names=_module_names(st), cut=cut)
+
+
+def collectives(last: int = 20) -> list:
+    """The latest `last` collectives of each of this rank's process groups, from torch's flight
+    recorder (CollectiveRecords: runtime/probes/recorder.py); [] before any group or with it off."""
+    import torch.distributed as dist
+
+    from .probes import recorder
+
+    return recorder.read(_state.get().rank, last) if dist.is_initialized() else []
+
+
+def dump_collectives(folder: str) -> str:
+    """This rank's flight recorder written as torch's analyzer reads it, at folder/rank_<rank>."""
+    from .probes import recorder
+
+    return recorder.write_dump(folder, _state.get().rank)
+
+
+def _module_names(st) -> Any:
+    from .probes.modules import NAMES
+
+    raw = getattr(st.parallel, "raw", None)
+    if len(NAMES) or raw is None:  # the comm causes named every module of the layout
+        return NAMES
+    return {m: (n or type(raw).__name__) for n, m in raw.named_modules()}
+
+
 def set_probes(flag: bool) -> bool:
     """Switch the per-step probes (memory, comm ledger, compute intervals) on or off."""
     from .probes import set_enabled

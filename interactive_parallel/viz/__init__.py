@@ -1,7 +1,7 @@
 """Pure functions from records to plotly Figures, and an HTML report of them.
 
 Owns how training, memory, communication (and why each collective happened), expert routing,
-pipeline (measured and simulated), sharding, predicted step times of plans (ranked, and against
+pipeline (measured and simulated), sharding, each rank's latest collectives (a hang's mismatch), predicted step times of plans (ranked, and against
 the measured steps) and inference (decoding steps, served requests, quantization) records are
 drawn. Knows nothing of torch, ipyparallel or ipywidgets: it is testable without a kernel, and
 the widgets and the CLI call it with whatever records they hold. Every figure has an empty state
@@ -9,6 +9,7 @@ the widgets and the CLI call it with whatever records they hold. Every figure ha
 TITLE_FITS_PX.
 """
 from ._common import EMPTY_TEXT, TITLE_CHARS, TITLE_FITS_PX, add_to_title, human_bytes, title_lines, title_with
+from .collectives import collective_lanes_figure
 from .comm_tree import comm_tree_figure, comm_tree_nodes
 from .comms import comm_breakdown, comm_breakdown_figure, comm_matrix, comm_matrix_figure
 from .decoding import kv_memory_figure, quantization_figure, step_split_figure, tokens_per_step_figure
@@ -36,6 +37,6 @@ __all__ = [
     "MeshGrid", "mesh_grid", "comm_links", "mesh_figure",
     "expert_load", "expert_load_figure", "imbalance", "tokens_moved", "tokens_moved_figure",
     "expert_load_over_steps_figure", "schedule_figure",
-    "ring_rounds", "ring_rounds_figure",
+    "ring_rounds", "ring_rounds_figure", "collective_lanes_figure",
     "plans_figure", "predicted_vs_measured_figure", "step_times",
 ]

@@ -2,9 +2,10 @@
 
 Owns the Job (a coroutine kept off the kernel's back) and the runner every section that starts
 long work is given: it starts `make(session)` as the Job with every control but Stop frozen,
-and owns what the runs share (the progress bar, the status line and the Stop button, which
-calls `session.interrupt()`), the failure path of DESIGN.md (the remote traceback, naming the
-rank, in the error area) and the events that say a job started and ended. Knows nothing of
+and owns what the runs share (the progress bar, the status line, the Stop button, which
+calls `session.interrupt()`, and beside it "Where are the ranks?", which shows
+`session.stacks()` and the lanes of `session.collectives()`, live also while a job runs or hangs), the failure path of DESIGN.md (the
+remote traceback, naming the rank, in the error area) and the events that say a job started and ended. Knows nothing of
 what a job computes nor of how its results are shown: the section that starts one passes its
 own `done`.
 """
@@ -16,8 +17,10 @@ from typing import Any, Callable, Coroutine
 
 import ipywidgets as W
 
-from ._common import Actions, SessionRef, button, css, describe_error
+from ..viz import collective_lanes_figure
+from ._common import Actions, SessionRef, button, css, describe_error, figure_widget, refresh
 from .events import Emit, JobEnded, JobKind, JobStarted
+from .render import esc, stacks_html
 
 
 class Job:
@@ -78,6 +81,10 @@ class Job:
         return self._event.wait(timeout)
 
 
+LANES = 20
+"""Collectives per rank and group the lanes beside the stacks show."""
+
+
 class JobRunner:
     """Starts the panel's Jobs and shows their progress; its widgets sit in the Run section."""
 
@@ -93,6 +100,14 @@ class JobRunner:
                                         "boundary")
         self.interrupt.on_click(lambda _b: self.stop())
         actions.register(self.interrupt)
+        # Not an action control: asking where the ranks are is most useful while a job runs or hangs.
+        self.where = button("Where are the ranks?", "ip-where-button",
+                            tooltip="session.stacks(): every rank's Python stack now, also while a call runs")
+        self.where_out = css(W.HTML(), "ip-where-output")
+        self.where_lanes = figure_widget(collective_lanes_figure([]), "ip-where-lanes-figure", height=300)
+        self.where_box = W.Box([self.where_lanes], layout=W.Layout(display="none"))  # shown once asked
+        self.where.on_click(lambda _b: self.show_stacks())
+        self._asking: Job | None = None
 
     @property
     def running(self) -> bool:
@@ -147,9 +162,35 @@ class JobRunner:
             self.session().interrupt()
         self.status.value = "stopping at the next boundary ..."
 
+    def show_stacks(self) -> Job | None:
+        """`session.stacks()` and `session.collectives(LANES)` as a Job of its own (the kernel keeps
+        serving, a running job goes on); the stacks, or why there are none, replace what where_out
+        showed, and the lanes of the group the ranks first disagree on (else the world's) are drawn."""
+        if not self.session.alive or (self._asking is not None and not self._asking.done):
+            return None
+        self.where.disabled = True
+        self.where_out.value = "<span class='ip-note'>asking every rank ...</span>"
+
+        def done(result: Any, error: BaseException | None) -> None:
+            self.where.disabled = not self.session.alive
+            if error is not None:
+                self.where_out.value = f"<div class='ip-bad'>{esc(describe_error(error, 'stacks'))}</div>"
+                return
+            stacks, recent = result
+            self.where_out.value = stacks_html(stacks)
+            refresh(self.where_lanes, collective_lanes_figure(recent))
+            self.where_box.layout.display = ""
+
+        async def ask(session: Any) -> tuple:
+            return tuple(await asyncio.gather(session.stacks_async(), session.collectives_async(LANES)))
+
+        self._asking = Job(ask(self.session()), done)
+        return self._asking
+
     def wait(self, timeout: float | None = None) -> bool:
         """Outside a kernel: block until the running job (if any) ends."""
         return True if self.job is None else self.job.wait(timeout)
 
     def sync(self, alive: bool, busy: bool) -> None:
         self.interrupt.disabled = not (alive and self.running)
+        self.where.disabled = not alive or (self._asking is not None and not self._asking.done)

@@ -1,6 +1,6 @@
 """HTML for what the panel shows as text: results of Session calls, and the panel's stylesheet.
 
-Owns how a VerifyReport, doctor()'s RankInfo rows, a plan's problems, a memory prediction and
+Owns how a VerifyReport, doctor()'s RankInfo rows, stacks()'s StackRecords, a plan's problems, a memory prediction and
 streamed completions read, and the CSS that gives them colour. Colours come from JupyterLab's
 theme variables (`--jp-*`), never fixed light values, so the panel reads the same in the light
 and the dark theme; in a dark theme the plotly figures (drawn by viz/ on a white template) are
@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from typing import Iterable, Sequence
 
-from ..records import MemoryRecord, RankInfo, VerifyReport
+from ..records import MemoryRecord, RankInfo, StackRecord, VerifyReport
 from ..viz import human_bytes
 
 STYLE = """<style>
@@ -33,6 +33,8 @@ STYLE = """<style>
 .ip-panel .ip-section-views, .ip-panel .ip-figure { min-width: 0; overflow: hidden; }
 .ip-panel .ip-views > .lm-TabBar { overflow-x: auto; overflow-y: hidden; }
 .ip-panel .ip-views > .lm-TabBar .lm-TabBar-tab { flex: 0 0 auto; }
+.ip-panel tr.ip-own td { background: var(--jp-info-color3); }
+.ip-panel tr.ip-model td { background: var(--jp-warn-color3); }
 .ip-panel pre { margin: 0; white-space: pre-wrap; color: var(--jp-ui-font-color1); }
 body[data-jp-theme-light="false"] .ip-panel .ip-figure .main-svg { filter: invert(0.9) hue-rotate(180deg); }
 </style>"""
@@ -101,6 +103,32 @@ def completions_html(prompts: Sequence[str], texts: Sequence[str], done: Sequenc
         caret = "" if done is None or done[i] else "<span class='ip-note'>▌</span>"
         out.append(f"<div class='ip-generated'><b>{esc(p)}</b><span class='ip-completion'>{esc(t)}</span>{caret}</div>")
     return "".join(out)
+
+
+def stacks_html(stacks: Sequence[StackRecord], frames: int = 12) -> str:
+    """stacks(): per rank (and thread) its state and where it is, then a table of its innermost
+    `frames` frames, innermost first: the package's own frames and the model's modules' marked
+    (a colour each, and a column naming the module)."""
+    out = []
+    for s in stacks:
+        who = f"rank {s.rank}" + (f" ({s.thread})" if s.thread and not s.main else "")
+        if s.error:
+            out.append(f"<div class='ip-bad'><b>{esc(who)}</b>: {esc(s.error)}</div>")
+            continue
+        out.append(f"<div><b>{esc(who)}</b>: {esc(s.state)}" + (f" at <code>{esc(s.where)}</code>" if s.where else "")
+                   + "</div>")
+        if not s.frames:
+            continue
+        rows = []
+        for f in list(reversed(s.frames))[:frames]:
+            cls = "ip-model" if f.module else "ip-own" if f.own else ""
+            cells = (f"{f.file.rsplit('/', 1)[-1]}:{f.line}", f.function, f.module or ("package" if f.own else ""), f.code)
+            rows.append(f"<tr class='{cls}'>" + "".join(f"<td>{esc(c)}</td>" for c in cells) + "</tr>")
+        head = "".join(f"<th>{h}</th>" for h in ("file:line", "function", "module", "code"))
+        more = len(s.frames) - frames
+        tail = f"<div>{note(f'{more} outer frames not shown')}</div>" if more > 0 else ""
+        out.append(f"<table class='ip-table ip-stack'><tr>{head}</tr>{''.join(rows)}</table>{tail}")
+    return "<div class='ip-scroll'>" + "".join(out) + "</div>"
 
 
 # ---- the plan -----------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ Owns the controls that call `session.train_async(on_step=...)` and
 `session.generate_async(on_token=...)` (each as the panel's Job through the job runner it is
 given, so the kernel keeps serving cells and the Stop button), `session.verify`,
 `session.save` / `session.load`, `session.export_script` and `session.run`, and what their
-results show while they stream and when they end. It shows the runner's progress, status and
-Stop, the path of the text to train on, and the shared prompts and sampling controls beside
-Generate; the training knobs come from the plan getter it is given. Knows nothing of how
+results show while they stream and when they end. It shows the runner's progress, status,
+Stop and "Where are the ranks?", the path of the text to train on, and the shared prompts and
+sampling controls beside Generate; the training knobs come from the plan getter it is given. Knows nothing of how
 ranks train or generate, of the other sections, nor of figures: a completed step or a
 loaded checkpoint is an event the panel routes.
 """
@@ -82,8 +82,8 @@ class RunSection:
         actions.on_click(self.export, "export_script", self._export)
         self.widget = css(W.VBox([
             W.HTML("<b>Run</b>"),
-            row(self.steps, self.data, self.train, self.progress, self.interrupt),
-            self.status,
+            row(self.steps, self.data, self.train, self.progress, self.interrupt, jobs.where),
+            self.status, jobs.where_out, jobs.where_box,
             self.prompts,
             row(self.max_tokens, self.do_sample, self.temperature, self.top_k, self.generate),
             self.generate_out,

@@ -5,7 +5,7 @@ rank 0 serves (bound to the rendezvous address only, through a socket runtime.gr
 the interface gloo and NCCL bind to (GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME: the one the
 caller names, else one set by the user, else the one toward rank 0), the timeout applied
 to the world group *and* to every sub-group a DeviceMesh creates later (gloo's and NCCL's
-defaults alike), NCCL's error handling, what counts as a failed NCCL group (`group_failed`:
+defaults alike), torch's flight recorder on every group (its size), NCCL's error handling, what counts as a failed NCCL group (`group_failed`:
 an NCCL error raised on this rank, or a group's own error state) and its teardown by abort,
 and the per-rank thread count. Knows nothing of ipyparallel: the caller tells each rank its coordinates
 and the master address.
@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from ...records import GroupMember, RankIdentity
+from ..probes import recorder
 from ..rank import state as _state
 from ..rank.cores import usable_cores
 from . import net
@@ -123,13 +124,15 @@ def set_group_defaults(backend: str, timeout_s: float) -> timedelta:
 
 
 def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: float = 60.0, *,
-         interface: str | None = None, listen: socket.socket | None = None) -> GroupMember:
+         interface: str | None = None, listen: socket.socket | None = None,
+         recorder_entries: int = recorder.ENTRIES) -> GroupMember:
     """Join the default group; every later collective (sub-groups too) times out after timeout_s.
 
     `interface`: the network interface this rank's gloo / NCCL sockets bind to (default:
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME as the user set it, else the interface toward
     master_addr). `listen`: on rank 0, a socket already bound and listening that the store
-    serves on.
+    serves on. `recorder_entries`: collectives torch's flight recorder keeps on this rank, over
+    every group made from now on (runtime/probes/recorder.py; 0: none).
     """
     st = _state.get()
     teardown()
@@ -152,6 +155,7 @@ def init(master_addr: str, master_port: int, device: str = "cpu", timeout_s: flo
     kwargs: dict = {}
     if device == "cuda":
         kwargs["device_id"] = torch_device(device, st.gpu)
+    recorder.enable(recorder_entries)  # read by torch as each group is created
     store = rendezvous_store(master_addr, master_port, st.rank, st.world_size, timeout, listen)
     if store is None:
         kwargs["init_method"] = "env://"

@@ -85,13 +85,15 @@ def master_endpoint(interface: str | None = None, toward: str | None = None) -> 
 
 
 def init_process_group(addr: str, port: int, device: str, timeout_s: float,
-                       interface: str | None = None) -> GroupMember:
-    """Join the group at addr:port: this rank's backend, device and the sockets it binds to."""
+                       interface: str | None = None, recorder_entries: int | None = None) -> GroupMember:
+    """Join the group at addr:port: this rank's backend, device and the sockets it binds to.
+    `recorder_entries`: torch's flight recorder's size (None: runtime/probes/recorder.py's default)."""
     from . import dist as _dist
 
     st = _state.get()
     listen, st.store_listener = st.store_listener, None
-    return _dist.init(addr, port, device, timeout_s, interface=interface, listen=listen)
+    kw = {} if recorder_entries is None else {"recorder_entries": int(recorder_entries)}
+    return _dist.init(addr, port, device, timeout_s, interface=interface, listen=listen, **kw)
 
 
 def wall_clock() -> float:

@@ -9,6 +9,9 @@ it (its kind, its bound arguments, its process group, the Work it returned):
 - `group`: global ranks of the group; `axis`: the mesh axes along which the group's
   members differ from this rank (e.g. 'dp', 'dp_cp'), 'world' for the default group when
   no single axis spans it; `peer`: the global rank of the other end of a send/recv.
+- `seq`: the group's collective sequence number as torch counts it on this rank (its flight
+  recorder's `collective_seq_id`: the ledger and `Session.collectives()` join on it); 0 for
+  send / recv and for a group that does not say.
 - `start` / `end`: host time (time.time), read through the step's clock (probes/clock.py).
   CPU: `start` when the op was issued, `end` the first moment it was seen finished (its
   future completed, its Work was waited on, a blocking call or wait_tensor returned).
@@ -132,7 +135,10 @@ class Ledger:
             local = bound.get("dst", bound.get("src"))
             if local is not None and pg is not None:
                 peer = dist.get_global_rank(pg, int(local)) if pg is not dist.group.WORLD else int(local)
-        return self._add(kind, 0 if kind == "barrier" else _nbytes(ts), ts, ranks, is_default, peer)
+        rec = self._add(kind, 0 if kind == "barrier" else _nbytes(ts), ts, ranks, is_default, peer)
+        if pg is not None and kind not in ("send", "recv"):
+            rec.seq = _next_seq(pg)
+        return rec
 
     def _add(self, kind, nbytes, ts, ranks, is_default, peer) -> CommRecord:
         rec = CommRecord(rank=self.rank, step=self.step, op=kind, bytes=int(nbytes),
@@ -207,6 +213,16 @@ class Ledger:
         self._functional.clear()
         self._coalescing.clear()
         return self.records
+
+
+def _next_seq(pg) -> int:
+    """The number the group's next collective gets (torch counts a group's collectives on each
+    rank: its flight recorder's `collective_seq_id`, runtime/probes/recorder.py); 0 when the
+    group does not say."""
+    try:
+        return int(pg._get_sequence_number_for_group()) + 1
+    except Exception:  # noqa: BLE001 - another Python wrapper of the group, or a backend without it
+        return 0
 
 
 @contextlib.contextmanager
