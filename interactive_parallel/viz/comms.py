@@ -68,7 +68,7 @@ def comm_matrix_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
     """Heatmap of bytes sent from rank (row) to rank (column); see the module docstring for how
     send/recv and collectives are attributed."""
     ranks, matrix = comm_matrix(comms)
-    title, xt, yt = "Bytes sent, rank to rank", "to rank", "from rank"
+    title, xt, yt = "Bytes sent rank to rank, full buffers", "to rank", "from rank"
     if not ranks:
         return empty_figure(title, xt, yt)
     labels = [f"rank {r}" for r in ranks]
@@ -104,7 +104,7 @@ def comm_breakdown(comms: Iterable[CommRecord] | None) -> dict[tuple[str, str], 
 def comm_breakdown_figure(comms: Iterable[CommRecord] | None) -> go.Figure:
     """Stacked bars: x = mesh axis, one trace (colour) per op, height = bytes summed over ranks."""
     sums = comm_breakdown(comms)
-    title, xt, yt = "Bytes by mesh axis and op", "mesh axis", "bytes"
+    title, xt, yt = "Bytes by mesh axis and op, full buffers", "mesh axis", "bytes"
     if not sums:
         return empty_figure(title, xt, yt)
     axes = _axis_order(a for a, _ in sums)

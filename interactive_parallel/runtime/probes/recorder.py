@@ -53,10 +53,15 @@ def group_label(name: str, desc: str) -> str:
     return desc or name
 
 
+_PROBES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def _where(frames: list) -> str:
+    """The innermost frame that is neither torch's nor the probes' own (their wrappers around
+    torch's collectives are instrumentation): the code that issued the collective."""
     for f in frames or []:  # innermost first
         path = f.get("filename", "")
-        if f"{os.sep}torch{os.sep}" not in path and not path.startswith("<"):
+        if f"{os.sep}torch{os.sep}" not in path and not path.startswith("<") and not path.startswith(_PROBES):
             return f"{path.rsplit(os.sep, 1)[-1]}:{f.get('line', '')} in {f.get('name', '')}"
     return ""
 

@@ -22,6 +22,9 @@ from typing import Callable, Iterable, Mapping
 from ...records.stacks import FrameRecord, StackRecord
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_PROBES = os.path.join(_PACKAGE, "runtime", "probes") + os.sep
+"""The probes' wrappers around torch's collectives (the ledger's kernels, a patched wait): on
+the stack once a step has been measured, but instrumentation, not where the rank is."""
 _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 _FUNCOL = os.path.join("torch", "distributed", "_functional_collectives.py")
 _MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
@@ -68,6 +71,8 @@ def _frames(top, names: Mapping, cut: Callable[[object], bool] | None) -> list[F
     out = []
     for f in chain[-MAX_FRAMES:]:
         path = f.f_code.co_filename
+        if os.path.abspath(path).startswith(_PROBES):
+            continue
         out.append(FrameRecord(file=path, line=f.f_lineno or 0, function=f.f_code.co_name,
                                code=linecache.getline(path, f.f_lineno or 0).strip(),
                                own=os.path.abspath(path).startswith(_PACKAGE + os.sep),

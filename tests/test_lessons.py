@@ -1,0 +1,56 @@
+"""The notebooks read as lessons: the cells that check a claim (`lessons.expect`) hold only checks,
+are tagged `check` and open collapsed (JupyterLab hides their source, their "checked: ..." lines
+show), so a student reads the lesson's code, not the checking code; and `lessons.say` renders a
+sentence with the run's own numbers. The notebook tier (tests/test_notebooks.py) runs the checks."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from interactive_parallel.lessons import mib, say
+
+pytestmark = pytest.mark.pure
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+SHOWN = ("expect", "print", "say")
+"""The calls a check cell may make for their effect: the check, and what it prints beside it."""
+
+
+def only_checks(source: str) -> bool:
+    """Every statement that is evaluated for its effect is a check or prints one: no figure, no
+    call to the ranks the lesson relies on (assignments that compute what is checked are fine)."""
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Expr):
+            func = statement.value.func if isinstance(statement.value, ast.Call) else None
+            if not (isinstance(func, ast.Name) and func.id in SHOWN):
+                return False
+    return True
+
+
+def code_cells(path: Path) -> list:
+    return [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_checks_sit_in_collapsed_cells_of_their_own(path):
+    checking = [c for c in code_cells(path) if "expect(" in c.source and "def expect" not in c.source
+                and not c.source.lstrip().startswith(("from ", "import "))]
+    assert checking, f"{path.name} checks no claim"
+    for c in checking:
+        assert only_checks(c.source), f"{path.name} cell {c.get('id')}: lesson code and checks in one cell: split it"
+        assert c.metadata.get("tags") == ["check"] and c.metadata.get("jupyter", {}).get("source_hidden") is True, \
+            f"{path.name} cell {c.get('id')}: a check cell opens collapsed and is tagged 'check'"
+    lesson = [c for c in code_cells(path) if "check" not in c.metadata.get("tags", [])]
+    assert all("expect(" not in c.source or c.source.lstrip().startswith(("from ", "import ")) for c in lesson)
+
+
+def test_say_renders_the_runs_numbers_as_markdown(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", shown.append)
+    say("parameters **{p}**, {n:.2f} M numbers", p=mib(1_116_416), n=0.279104)
+    assert [m.data for m in shown] == ["parameters **1.06 MiB**, 0.28 M numbers"]
+    assert mib(65_796) == "64.25 KiB" and mib(3 * 2**20, digits=1) == "3.0 MiB"
