@@ -99,9 +99,7 @@ class SessionDebugging:
         A rank that is gone or does not answer within `timeout` seconds gets a row whose `error`
         says so. Only the call's frames are shown (the engine's own loop below it is left out):
         an idle rank has none. Nothing runs on the ranks' main threads; no collective."""
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        return await stacks(self.ranks, all_threads, float(timeout))
+        return await stacks(self.ranks, all_threads, _seconds(timeout))
 
     async def collectives_async(self, last: int = 20, *, timeout: float = ANSWER_S) -> RecordList:
         """Each rank's latest `last` collectives per process group, from torch's flight recorder
@@ -114,11 +112,8 @@ class SessionDebugging:
         a rank that does not answer within `timeout` is warned of and left out."""
         if not (isinstance(last, int) and not isinstance(last, bool) and last > 0):
             raise ValueError(f"last must be a whole number of collectives >= 1, not {last!r}")
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
-        rows, missing = await collectives(self.ranks, last, float(timeout))
-        if missing:
-            warnings.warn("no collectives from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+        rows, missing = await collectives(self.ranks, last, _seconds(timeout))
+        _warn_missing("no collectives from", missing)
         return rows
 
     async def dump_collectives_async(self, folder: str, *, timeout: float = ANSWER_S) -> list[str]:
@@ -130,11 +125,23 @@ class SessionDebugging:
         warned of. The paths written."""
         if not isinstance(folder, (str, os.PathLike)) or not str(folder).strip():
             raise ValueError(f"folder must be a directory path, not {folder!r}")
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
-            raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+        seconds = _seconds(timeout)  # refused before the folder is made
         folder = os.path.abspath(os.fspath(folder))
         os.makedirs(folder, exist_ok=True)
-        paths, missing = await dump(self.ranks, folder, float(timeout))
-        if missing:
-            warnings.warn("no dump from " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+        paths, missing = await dump(self.ranks, folder, seconds)
+        _warn_missing("no dump from", missing)
         return paths
+
+
+def _seconds(timeout: object) -> float:
+    """A timeout as seconds, or ValueError before anything is asked of the ranks."""
+    if not (isinstance(timeout, (int, float)) and timeout > 0):
+        raise ValueError(f"timeout must be a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def _warn_missing(what: str, missing: dict) -> None:
+    """A warning naming each rank that did not answer, and why."""
+    if missing:
+        warnings.warn(f"{what} " + "; ".join(f"rank {r}: {why}" for r, why in missing.items()))
+
