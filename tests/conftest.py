@@ -207,10 +207,26 @@ def live_session(ranks: int, **options):
         assert scratch is None or not os.path.exists(scratch), f"scratch directory {scratch} left behind"
 
 
-@pytest.fixture(scope="module")
-def session4():
+@pytest.fixture(scope="session")
+def _pool4():
+    """One 4-rank session for every module that asks for `session4`: a pool started once (its
+    ranks import torch and transformers once), checked at the end of the run to have left nothing."""
     with live_session(4) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def session4(_pool4):
+    """A 4-rank session as a module finds a new one: `Session.reset` before the module (every
+    rank forgets its model, faults and probe switches; the session its records, calibration and
+    scratch directory), on the ranks the earlier modules used."""
+    _pool4.reset()
+    yield _pool4
+    scratch = _pool4.model.scratch.path if _pool4.model.scratch.created else None
+    leash = _pool4.model.scratch.pids()
+    _pool4.reset()
+    assert scratch is None or not os.path.exists(scratch), f"scratch directory {scratch} left behind by reset"
+    assert_gone(leash, [])
 
 
 PRECISIONS = ("fp32", "bf16")

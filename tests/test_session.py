@@ -97,6 +97,38 @@ def test_dp_parity_with_single_process(session4):
                for w in (d["lm_head.weight"] for d in session4.run(api.full_state_dict)))
 
 
+def _rank_memory() -> tuple:
+    from interactive_parallel.runtime import probes
+    from interactive_parallel.runtime.rank import faults, state
+
+    st = state.get()
+    return st.model is None and st.plan is None and st.step == 0, len(faults.armed()), probes.ENABLED[0], st.backend
+
+
+def test_reset_starts_over_on_the_same_ranks(session4):
+    s = session4
+    s.load_model("tiny-llama")
+    s.apply(Plan(dp=4, batch_size=8, seq_len=32, lr=1e-3, seed=3))
+    s.train(steps=2, snapshot_every=1)
+    s.inject(2, "raise", at_step=3)
+    s.set_probes(False)
+    engines, scratch = s.ranks.pool.engine_pids(), s.model.scratch.path
+    s.reset()
+    assert s.spec is None and s.plan is None and len(s.history) == 0 and s.planner.calibrated is None
+    assert not os.path.exists(scratch), "the old scratch directory (its snapshot) goes with the reset"
+    assert s.run(_rank_memory) == [(True, 0, True, "gloo")] * 4  # the group stays, nothing else
+    assert s.ranks.pool.engine_pids() == engines and len(s.collectives()) == 0  # the recorder's past left out
+    # and it trains as a new session would: the seed's first losses, no fault firing at step 3
+    s.load_model("tiny-llama")
+    s.apply(Plan(dp=4, batch_size=8, seq_len=32, lr=1e-3, seed=3))
+    recs = s.train(steps=4)
+    ref = parallelize(resolve_model("tiny-llama"), Plan(batch_size=8, seq_len=32, lr=1e-3, seed=3))
+    opt = make_optimizer(ref)
+    ref_loss = [train_step(ref, opt, k).loss for k in range(4)]
+    assert max(abs(sum(r.loss for r in recs if r.step == k) / 4 - ref_loss[k]) for k in range(4)) < LOSS_TOL
+    assert all(r.memory is not None for r in recs if r.step == 3)  # the probes are on again
+
+
 def test_training_lowers_loss_and_generate_returns_strings(session4):
     session4.load_model("tiny-llama")
     session4.apply(Plan(dp=4, batch_size=8, seq_len=64, lr=3e-3))

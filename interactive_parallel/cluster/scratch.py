@@ -47,6 +47,10 @@ class Scratch:
             os.makedirs(self._path, exist_ok=True)
         return self._path
 
+    def fresh(self) -> "Scratch":
+        """Another scratch of the same kind: the same given path, or a new temporary one."""
+        return Scratch(self._path if self.given else None)
+
     @property
     def created(self) -> bool:
         return self._path is not None

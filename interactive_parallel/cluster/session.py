@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 from ..plan import ModelSpec, Plan
 from ..records import FaultKind, FaultPlace, FaultSpec, GenerateOptions, RecordList, StepRecord, TokenRecord, VerifyReport
 from ..records.stacks import RECORDER_ENTRIES
+from ..runtime import api
 from .calibration import Planner
 from .checks import check_session_args
 from .clocks import CLOCK_COLUMNS
@@ -75,15 +76,10 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
         groups (what `collectives()` reads; 0: off).
         """
         check_session_args(ranks, device, interface, snapshot_every, launch, flight_recorder)
-        # Recovery is built first and handed to the rank set: any call through ranks.require()
-        # may re-form the group and lay the model out again through it.
-        self.telemetry = Telemetry(clock=lambda: self.ranks.clock_offsets())
-        recovery = Recovery(ModelState(), Scratch(state_dir), self.telemetry)
         self.ranks = RankSet(None, device=device, threads=threads, timeout=timeout,
-                             collective_timeout=collective_timeout, interface=interface, relayout=recovery,
+                             collective_timeout=collective_timeout, interface=interface,
                              recorder_entries=flight_recorder)
-        self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
-        self.planner = Planner()
+        self._start_over(Scratch(state_dir), snapshot_every)
         try:
             self.ranks.pool = _pool or LocalPool(ranks, timeout=timeout, launch=launch)
             run_sync(self.ranks.connect(expected=None if _pool else ranks))
@@ -91,6 +87,27 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
             self.stop()
             raise
         _LIVE.add(self)
+
+    def _start_over(self, scratch: Scratch, snapshot_every: int) -> None:
+        """What this session knows of a model, as a new one knows it: no records, no model, no
+        calibration. Recovery is handed to the rank set: any call through ranks.require() may
+        re-form the group and lay the model out again through it."""
+        self.telemetry = Telemetry(clock=lambda: self.ranks.clock_offsets())
+        recovery = Recovery(ModelState(), scratch, self.telemetry)
+        self.ranks.relayout = recovery
+        self.model = ModelOps(self.ranks, self.telemetry, recovery, snapshot_every=snapshot_every)
+        self.planner = Planner()
+
+    async def reset_async(self) -> None:
+        """Start over on the same ranks, as a new Session would but without starting one (a new
+        pool imports torch again on every rank): each rank forgets its model, optimizer, plan,
+        armed faults and probe switches (runtime.api.forget), and this session its records,
+        calibration and scratch directory. The engines, their process group and clocks stay."""
+        await self.ranks.require()
+        await self.ranks.call(api.forget, what="reset")
+        scratch, every = self.model.scratch.fresh(), self.model.snapshot_every
+        self.model.close()
+        self._start_over(scratch, every)
 
     @classmethod
     def attach(cls, cluster_id: str = "", profile: str | None = None, *, profile_dir: str | None = None,

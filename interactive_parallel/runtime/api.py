@@ -23,7 +23,7 @@ from ..records import (DataSource, FaultSpec, GenerateOptions, Generation, HostM
                        ShardRecord, SnapshotInfo, StepRecord, VerifyReport)
 from ..records.calibration import CalibrateOptions
 from ..records.hardware import CalibrationSample
-from .groups.join import (identify, init_process_group, master_endpoint, network,  # noqa: F401 - entry points
+from .groups.join import (forget, identify, init_process_group, master_endpoint, network,  # noqa: F401 - entry points
                           release_endpoint, set_debug, setup, teardown, wall_clock)
 from .rank import state as _state
 from .rank.state import Quantized

@@ -3,7 +3,8 @@
 Owns the facts a rank reports before any group exists (identify: host, pid, cores, GPUs, the
 rank a launcher gave it; network: its addresses), its identity in the group (setup), rank 0's
 rendezvous socket, bound before the store takes it (master_endpoint, release_endpoint), joining
-(init_process_group) and leaving (teardown), the debug level of the groups made next
+(init_process_group) and leaving (teardown), forgetting the model while staying in the group
+(forget), the debug level of the groups made next
 (set_debug) and the wall clock the client measures offsets against. Each is one of
 runtime.api's entry points, named there with the rest, so the client asks a rank through one
 module. Knows nothing of models or layouts, nor of how the client orders the steps
@@ -108,6 +109,27 @@ def teardown() -> bool:
 
     release_endpoint()
     _dist.teardown()
+    return True
+
+
+def forget() -> bool:
+    """Start over in the same group: the model, optimizer, plan, step, kept shards and quantized
+    weights go (runtime.rank.state.reset keeps the rank's identity, this keeps its group's facts),
+    armed faults are disarmed, the per-step probes and their causes are on again and the flight
+    recorder's earlier entries are left out, as on a fresh engine. The process group itself stays (Session.reset)."""
+    from ..probes import recorder, set_enabled, set_tracing
+    from ..rank import faults
+
+    old = _state.get()
+    group = {k: getattr(old, k) for k in ("device", "backend", "interface", "address", "timeout_s")}
+    st = _state.reset()
+    for name, value in group.items():
+        setattr(st, name, value)
+    faults.disarm()
+    faults.layout_built()
+    set_enabled(True)
+    set_tracing(True)
+    recorder.start_over()  # collectives() and its dumps: nothing of the session before
     return True
 
 

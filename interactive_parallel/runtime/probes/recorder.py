@@ -43,6 +43,13 @@ def enable(entries: int) -> int:
     return int(entries)
 
 
+def start_over() -> None:
+    """Leave out what the recorder kept before now (a session reset on the same group)."""
+    import time
+
+    _SINCE_NS[0] = time.time_ns()
+
+
 def group_label(name: str, desc: str) -> str:
     """'world' for the default group, a DeviceMesh axis by its name ('mesh_dp' -> 'dp'), else
     torch's description or name."""
@@ -98,6 +105,8 @@ def records(dump: dict, rank: int, last: int, since_ns: int = 0,
         if int(e.get("time_created_ns", 0) or 0) < since_ns:
             continue  # an earlier group's
         name, desc = (list(e.get("process_group") or ["", ""]) + ["", ""])[:2]
+        if members is not None and str(name) not in members:
+            continue  # a group destroyed since (an earlier layout's mesh)
         group, p2p = group_label(str(name), str(desc)), bool(e.get("is_p2p"))
         op = str(e.get("profiling_name", "")).split(":", 1)[-1]
         seq = e.get("p2p_seq_id", 0) if p2p else e.get("collective_seq_id", 0)
@@ -117,8 +126,8 @@ def records(dump: dict, rank: int, last: int, since_ns: int = 0,
 
 def write_dump(folder: str, rank: int) -> str:
     """This rank's recorder as torch's pickle dump at folder/rank_<rank>, what its analyzer reads
-    (`python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_`): the current groups'
-    entries, and the table of groups, which gloo's recorder leaves empty, filled from torch's
+    (`python -m torch.distributed.flight_recorder.fr_trace <folder> -p rank_`): the live groups'
+    entries since the latest group (or reset), and the table of groups, which gloo's recorder leaves empty, filled from torch's
     registry (the analyzer pairs each group's entries across its ranks)."""
     import pickle
 
@@ -133,6 +142,9 @@ def write_dump(folder: str, rank: int) -> str:
         config.setdefault(str(name), {"name": str(name), "desc": str(getattr(pg, "group_desc", "") or ""),
                                       "ranks": str(list(dist.get_process_group_ranks(pg)))})
     dump["pg_config"] = config
+    # Entries of groups destroyed since (an earlier layout's mesh) have no row in the table: the
+    # analyzer cannot pair them across ranks (it fails on them), and they are not the current state.
+    dump["entries"] = [e for e in dump["entries"] if str((e.get("process_group") or [""])[0]) in config]
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank_{rank}")
     with open(path, "wb") as f:
