@@ -73,6 +73,11 @@ def test_loss_parallel_splits_the_vocabulary_weights_and_adds_five_all_reduces()
     assert tp == [("all_reduce", "tp", 28, 3670016)]
     assert [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2, loss_parallel=True), 0)] == \
         [("all_reduce", "tp", 33, 3938304)]
+    # bf16 autocast: the 8 rowwise outputs (2 a layer) in bf16, the 20 input gradients in fp32
+    assert [(e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2, precision="bf16"), 0)] == \
+        [(28, 8 * 131072 // 2 + 20 * 131072)]
+    # full recomputation repeats a block's rowwise all-reduces but its last (torch's checkpoint stops early)
+    assert [e.count for e in predict_comms(LLAMA, Plan(tp=2, recompute="full"), 0)] == [28 + 4]
 
 
 def test_pipeline_ownership_and_tied_head():

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..records import CommEstimate, MemoryRecord
 from .activation_peak import predict_activations
-from .activations import INT64, micro_rows
+from .activations import INT64, act_bytes, micro_rows
 from .axes import MeshAxis, mesh_coords
 from .inventory import Memo, ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
@@ -76,7 +76,9 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     microbatch; CP all-gathers K and V per layer and all-reduces their gradients (ring CP sends
     them, and their gradients, one block per hop to the next cp rank instead). Activation
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
-    'full', CP's gathers under both modes. Sequence parallel is not modelled (its traffic is
+    'full' but a block's last (its output is needed by no backward; measured: torch's checkpoint
+    stops early), CP's gathers under both modes. Each TP all-reduce moves its tensor's dtype:
+    under autocast the rowwise outputs in the compute dtype, the input gradients in fp32. Sequence parallel is not modelled (its traffic is
     counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
     all-reduce, the split head's input-gradient all-reduce and its cross-entropy's three
     per-token all-reduces. Expert parallelism: see _expert_comms.
@@ -121,13 +123,21 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
 
 
 def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: int, act: int) -> Comms:
-    """TP's all-reduces: after each rowwise linear (forward, again under full recomputation) and
+    """TP's all-reduces: after each rowwise linear (forward, again under full recomputation but the
+    block's last) and
     of each colwise linear's input gradient (backward), per microbatch; loss parallel's two."""
     if plan.tp == 1:
         return []
     styles = [tp_style(s) for s in spec.family_info.tp_plan.values()]
     rowwise = sum(1 for s in styles if s.reduces_output)
-    per_layer = rowwise * (2 if plan.recompute == "full" else 1) + sum(1 for s in styles if s.reduces_input_grad)
+    # A fully recomputed block runs its forward again up to the last tensor its backward needs
+    # (torch's checkpoint stops early): the last rowwise output only feeds the residual add.
+    forward = rowwise + (max(rowwise - 1, 0) if plan.recompute == "full" else 0)
+    backward = sum(1 for s in styles if s.reduces_input_grad)
+    per_layer = forward + backward
+    # Under autocast a rowwise linear's output is in its compute dtype, while a colwise linear's
+    # input (a norm's output: the residual stream is fp32) and so its gradient stay fp32.
+    layer_bytes = (forward * act_bytes(plan) + backward * FP32) * (act // FP32)
     # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
     # colwise head's input gradient (backward, last stage), once per microbatch; and torch's
     # loss_parallel cross-entropy on the last stage all-reduces three fp32 values per token
@@ -138,7 +148,7 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     ends = (0 in stages) + last if plan.loss_parallel else 0
     m = plan.n_microbatches if plan.pp > 1 else 1
     acc = plan.grad_accum
-    calls, nbytes = (per_layer * layers + ends) * m * acc, (per_layer * layers + ends) * acc * act
+    calls, nbytes = (per_layer * layers + ends) * m * acc, (layer_bytes * layers + ends * act) * acc
     if last:
         calls, nbytes = calls + 3 * m * acc, nbytes + 3 * acc * act // spec.hidden_size
     return [("all_reduce", "tp", calls, nbytes)]
