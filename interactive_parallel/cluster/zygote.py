@@ -22,8 +22,8 @@ exits with CUDA_TOUCHED before forking anything (the pool then launches engines 
 
 The standing template costs memory: it keeps the original of every page an engine has since
 written (copy-on-write leaves the template the only holder), measured at 100-115 MiB of its own
-under the tour. Where the memory this process may use is under KEEP_TEMPLATE_BYTES (a cgroup's
-limit: Binder gives 2 GB for the whole container) the pool asks for no standing template
+under the tour. Where the memory this process may use is under KEEP_TEMPLATE_BYTES (the machine's,
+or a cgroup's limit: Binder gives 2 GB for the whole container) the pool asks for no standing template
 (`keeps_template()`); a replacement rank then comes from a fresh zygote, seconds instead of a
 fraction of one, and everything else is the same.
 
@@ -46,14 +46,16 @@ KEEP_TEMPLATE_BYTES = 4 * 10**9
 
 
 def memory_limit() -> int | None:
-    """The tightest memory limit on this process: its memory cgroup's and every ancestor's
-    (cgroup v2 memory.max or v1 memory.limit_in_bytes), None where there is none to read."""
+    """The tightest memory limit on this process: the machine's memory, its memory cgroup's and
+    every ancestor's (cgroup v2 memory.max or v1 memory.limit_in_bytes); None where none reads."""
+    found = []
     try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
         with open("/proc/self/cgroup") as f:
             lines = [line.rstrip("\n").split(":", 2) for line in f]
     except OSError:
-        return None
-    found = []
+        lines = []
     for _, controllers, path in lines:
         if controllers == "":
             root, knob = "/sys/fs/cgroup", "memory.max"
