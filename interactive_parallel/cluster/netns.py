@@ -184,7 +184,7 @@ def leftovers(tag: str) -> list[str]:
 def start_cluster(hosts: Hosts, ranks_per_host: dict[int, int], workdir: str | Path,
                   env: Callable[[int], dict] | None = None) -> Path:
     """`ipcontroller` on host 0, listening on its address only, and `ranks_per_host[i]`
-    `ipengine` processes on host i; returns the profile directory to attach to (cluster id
+    `ipengine` processes on host i, forked from one zygote per host; returns the profile directory to attach to (cluster id
     CLUSTER_ID). `env(host)`: the environment of that host's processes (default: ours, one
     intra-op thread). Logs go to `workdir`."""
     workdir = Path(workdir)
@@ -203,8 +203,8 @@ def start_cluster(hosts: Hosts, ranks_per_host: dict[int, int], workdir: str | P
                                + (log.read_text(errors="replace")[-2000:] if log.exists() else ""))
         time.sleep(0.2)
     for host, n in ranks_per_host.items():
-        for _ in range(n):
-            hosts.start(host, [str(bin_dir / "ipengine"), f"--profile-dir={profile}", f"--cluster-id={CLUSTER_ID}",
-                               "--IPEngine.enable_nanny=False", "--log-level=WARN"],
-                        env=env(host), log=str(workdir / f"engines-host{host}.log"))
+        # A host's engines forked from one process that imported torch (cluster/zygote.py), as a
+        # local pool's are: they share its pages instead of n imports of their own.
+        hosts.start(host, [sys.executable, "-m", "interactive_parallel.cluster.zygote", str(n), str(profile),
+                           str(engine_file)], env=env(host), log=str(workdir / f"engines-host{host}.log"))
     return profile

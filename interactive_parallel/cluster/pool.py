@@ -124,12 +124,14 @@ class LocalPool(Pool):
         """n engines forked from the standing zygote template (replacements: no import), or
         from a new zygote, which imports torch while the controller starts, then waits for
         the controller's engine connection file and forks. The first zygote's template stays
-        (cluster/zygote.py) to fork replacements."""
+        (cluster/zygote.py) to fork replacements, where the memory limit leaves room for it."""
+        from .zygote import keeps_template
+
         if self._zygotes and self._ask_template(n):
             return
         path = os.path.join(self.profile_dir, "security", f"ipcontroller-{self.cluster.cluster_id}-engine.json")
         log = open(os.path.join(self.profile_dir, f"zygote-{len(self._zygotes)}.log"), "ab")
-        spare = [] if self._zygotes else [self._requests]
+        spare = [] if self._zygotes or not keeps_template() else [self._requests]  # the template stays
         if spare:
             os.mkfifo(self._requests, 0o600)
         self._zygotes.append(subprocess.Popen(

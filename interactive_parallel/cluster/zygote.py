@@ -20,6 +20,13 @@ So torch's CUDA checks go through NVML in the template (PYTORCH_NVML_BASED_CUDA_
 which does not touch the driver), and a template that finds CUDA initialised after its imports
 exits with CUDA_TOUCHED before forking anything (the pool then launches engines without it).
 
+The standing template costs memory: it keeps the original of every page an engine has since
+written (copy-on-write leaves the template the only holder), measured at 100-115 MiB of its own
+under the tour. Where the memory this process may use is under KEEP_TEMPLATE_BYTES (the machine's,
+or a cgroup's limit: Binder gives 2 GB for the whole container) the pool asks for no standing template
+(`keeps_template()`); a replacement rank then comes from a fresh zygote, seconds instead of a
+fraction of one, and everything else is the same.
+
 Run: python -m interactive_parallel.cluster.zygote N PROFILE_DIR ENGINE_CONNECTION_FILE [REQUEST_FIFO]
 """
 from __future__ import annotations
@@ -34,6 +41,44 @@ CONNECTION_TIMEOUT_S = 120.0
 CUDA_TOUCHED = 3
 """The template's exit code when its imports initialised CUDA (no engine may be forked from it)."""
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+KEEP_TEMPLATE_BYTES = 4 * 10**9
+"""Below this memory limit the template exits once it has forked (see the module docstring)."""
+
+
+def memory_limit() -> int | None:
+    """The tightest memory limit on this process: the machine's memory, its memory cgroup's and
+    every ancestor's (cgroup v2 memory.max or v1 memory.limit_in_bytes); None where none reads."""
+    found = []
+    try:
+        with open("/proc/meminfo") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
+        with open("/proc/self/cgroup") as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        lines = []
+    for _, controllers, path in lines:
+        if controllers == "":
+            root, knob = "/sys/fs/cgroup", "memory.max"
+        elif "memory" in controllers.split(","):
+            root, knob = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):
+            try:
+                with open(os.path.join(root, *parts[:depth], knob)) as f:
+                    text = f.read().strip()
+            except OSError:
+                continue
+            if text.isdigit() and int(text) < 2**62:  # "max" / v1's near-2**63: no limit
+                found.append(int(text))
+    return min(found) if found else None
+
+
+def keeps_template() -> bool:
+    """Whether a standing template (fast replacement ranks) fits this process's memory limit."""
+    limit = memory_limit()
+    return limit is None or limit >= KEEP_TEMPLATE_BYTES
 
 
 def _child(profile_dir: str, requests: int | None = None) -> None:
@@ -80,6 +125,29 @@ def cuda_touched() -> bool:
     return torch.cuda.is_initialized()
 
 
+ENGINE_IMPORTS = ("ipykernel.debugger", "ipyparallel.datapub", "IPython.core.completerlib",
+                  "IPython.extensions.storemagic", "sqlite3", "tornado.platform.asyncio",
+                  "torch.distributed.pipelining", "torch.distributed.checkpoint.state_dict",
+                  "torch.utils.serialization", "interactive_parallel.cluster.engine_side")
+"""What every engine imports after the fork anyway (its kernel's debugger, the calls the client
+sends): imported once here instead, with every module of interactive_parallel.runtime."""
+
+
+def _import_engine_side() -> None:
+    """Modules an engine would import after the fork, each then a private copy in every engine
+    (measured: 9-10 MiB of each engine's private memory, bench/bench_notebook_memory.py). None of
+    them starts a thread or a zmq context at import."""
+    import importlib
+    import pkgutil
+
+    from interactive_parallel import runtime
+
+    for name in ENGINE_IMPORTS:
+        importlib.import_module(name)
+    for info in pkgutil.walk_packages(runtime.__path__, runtime.__name__ + "."):
+        importlib.import_module(info.name)
+
+
 def _template(n: int, profile_dir: str, connection_file: str, fifo: str | None) -> None:
     import gc
 
@@ -92,6 +160,7 @@ def _template(n: int, profile_dir: str, connection_file: str, fifo: str | None) 
     from interactive_parallel.runtime.rank.warm import import_heavy
 
     import_heavy()  # here, unlike the warm-up thread, a failure stops the zygote with its error
+    _import_engine_side()
     if cuda_touched():
         print("zygote: importing torch and transformers initialised CUDA in the template; engines forked "
               "from it would fail at their first CUDA call, so none is forked", file=sys.stderr, flush=True)

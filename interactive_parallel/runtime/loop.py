@@ -22,6 +22,7 @@ from ..records import (DataSource, GenerateOptions, Generation, Request, Scratch
                        StepRecord, TokenRecord)
 from .groups import dist as _dist
 from .rank import channel, faults
+from .rank.heap import release_freed
 from .rank.boundary import Boundary
 
 
@@ -45,6 +46,7 @@ def long_call(device: Any = "cpu") -> Iterator[Boundary]:
             channel.flush()
         finally:
             faults.disarm()
+            release_freed()  # the call's freed pages back to the OS, not held into the next (rank/heap.py)
 
 
 def train(st, steps: int, snapshot_every: int = 0, scratch: ScratchLayout | None = None,

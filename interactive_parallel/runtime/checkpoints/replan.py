@@ -21,6 +21,7 @@ def apply(st, plan: Plan, scratch: ScratchLayout | None, restore: RestoreSource 
     runtime.api.apply_plan)."""
     from ..groups import dist as _dist
     from ..rank import faults
+    from ..rank.heap import release_freed
     from .recovery import check_restore, rebuild
 
     check_restore(restore)  # before the layout here is written out and freed
@@ -31,6 +32,7 @@ def apply(st, plan: Plan, scratch: ScratchLayout | None, restore: RestoreSource 
         stage(st, scratch)
     device = _dist.torch_device(plan.device, st.gpu)
     how, step = rebuild(st, plan, device, scratch, restore)
+    release_freed()  # the previous layout's pages back to the OS, not held beside the new one (rank/heap.py)
     faults.layout_built()
     if temporary is not None and st.rank == 0:
         import shutil
