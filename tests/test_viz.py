@@ -254,17 +254,19 @@ def test_timeline_bars_relative_to_first_event():
     assert min(min(t.base) for t in fig.data) == 0
     only_comms = timeline_figure(make_comms())
     send = only_comms.data[1]
-    assert list(send.base) == [0.0] and list(send.x) == pytest.approx([0.5]) and list(send.y) == ["rank 0"]
+    # in milliseconds from the first event (the records hold seconds)
+    assert list(send.base) == [0.0] and list(send.x) == pytest.approx([500.0]) and list(send.y) == ["rank 0"]
     allreduce = only_comms.data[0]
-    assert list(allreduce.base) == pytest.approx([1.0, 1.1, 1.2, 1.3])
-    assert list(allreduce.x) == pytest.approx([1.0, 0.9, 0.8, 0.7])
+    assert list(allreduce.base) == pytest.approx([1000.0, 1100.0, 1200.0, 1300.0])
+    assert list(allreduce.x) == pytest.approx([1000.0, 900.0, 800.0, 700.0])
+    assert only_comms.layout.xaxis.title.text == "ms since the first event"
     assert list(only_comms.layout.yaxis.categoryarray) == [f"rank {r}" for r in range(4)]
 
 
 def test_timeline_step_filter_and_untimed_records():
     fig = timeline_figure(make_comms(), make_events(), steps=1)
     assert names(fig) == ["F: forward", "B: backward"]
-    assert min(min(t.base) for t in fig.data) == 0 and max(max(t.base) for t in fig.data) == 9
+    assert min(min(t.base) for t in fig.data) == 0 and max(max(t.base) for t in fig.data) == 9000  # ms
     untimed = [CommRecord(rank=0, step=0, op="all_reduce", bytes=8)]
     assert is_empty_state(timeline_figure(untimed))
 
@@ -280,7 +282,7 @@ def test_pipeline_bubble_of_hand_made_1f1b():
     assert fwd.marker.color != bwd.marker.color
     assert sorted(set(fwd.y)) == ["stage 0", "stage 1"]
     assert list(fwd.text[:4]) == ["0", "1", "2", "3"]  # stage 0 forwards, labelled by microbatch
-    assert list(fwd.base[:4]) == [0, 1, 4, 6]
+    assert list(fwd.base[:4]) == [0, 1000, 4000, 6000]  # ms from the step's first event
 
 
 def test_bubble_counts_overlaps_once():

@@ -28,6 +28,8 @@ OP_COLORS = {
 }
 ACTION_COLORS = {"F": "#4c78a8", "B": "#f58518", "W": "#54a24b"}
 ACTION_NAMES = {"F": "F: forward", "B": "B: backward", "W": "W: weight grad"}
+MS = 1e3
+"""Milliseconds a second: a timeline reads in ms from its step's (or first) event; records hold seconds."""
 
 R = TypeVar("R", bound=Record)
 

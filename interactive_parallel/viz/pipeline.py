@@ -17,10 +17,10 @@ from collections.abc import Iterable
 import plotly.graph_objects as go
 
 from ..records import PipelineEvent
-from ._common import ACTION_COLORS, ACTION_NAMES, empty_figure, records_of, styled, title_lines
+from ._common import ACTION_COLORS, ACTION_NAMES, MS, empty_figure, records_of, styled, title_lines
 from .timeline import is_timed, ordered
 
-XT, YT = "time since step start (s)", "stage"
+XT, YT = "ms since the step's first event", "stage"
 
 
 def _busy(intervals: Iterable[tuple[float, float]]) -> float:
@@ -81,7 +81,7 @@ def overall_bubble(fractions: dict[int, float]) -> float:
 def pipeline_figure(events: Iterable[PipelineEvent] | None,
                     step: int | None = None) -> go.Figure:
     """The schedule of one step (None: the latest): y = stage (one row per rank of the stage when
-    several ranks run it), x = time from the step's first event, one bar trace per action ("F:
+    several ranks run it), x = milliseconds from the step's first event, one bar trace per action ("F:
     forward", "B: backward", "W: weight grad"), each bar labelled with its microbatch. The title
     gives the overall bubble fraction and each rank's idle fraction."""
     chosen, evs = _select_step(records_of(events, PipelineEvent), step)
@@ -102,13 +102,13 @@ def pipeline_figure(events: Iterable[PipelineEvent] | None,
     for action in ordered((e.action for e in evs), ACTION_COLORS):
         sel = sorted((e for e in evs if e.action == action), key=lambda e: (e.stage, e.start))
         fig.add_trace(go.Bar(
-            orientation="h", y=[row(e) for e in sel], x=[max(0.0, e.end - e.start) for e in sel],
-            base=[e.start - t0 for e in sel], name=ACTION_NAMES.get(action, action),
+            orientation="h", y=[row(e) for e in sel], x=[max(0.0, e.end - e.start) * MS for e in sel],
+            base=[(e.start - t0) * MS for e in sel], name=ACTION_NAMES.get(action, action),
             marker=dict(color=ACTION_COLORS.get(action), line=dict(color="white", width=1)),
             text=[str(e.microbatch) for e in sel], textposition="inside", insidetextanchor="middle",
-            customdata=[[e.rank, e.microbatch, (e.end - e.start) * 1e3, e.start - t0] for e in sel],
+            customdata=[[e.rank, e.microbatch, (e.end - e.start) * MS, (e.start - t0) * MS] for e in sel],
             hovertemplate=(f"%{{y}} (rank %{{customdata[0]}}) {action} microbatch %{{customdata[1]}}<br>"
-                           "start %{customdata[3]:.4f} s, %{customdata[2]:.2f} ms<extra></extra>")))
+                           "start %{customdata[3]:.1f} ms, %{customdata[2]:.2f} ms long<extra></extra>")))
     title = title_lines(f"Pipeline schedule, step {chosen}:", f"bubble {overall_bubble(fractions):.1%}",
                         _idle(fractions))
     styled(fig, title, XT, YT, barmode="overlay", bargap=0.15)

@@ -16,7 +16,7 @@ from plotly.subplots import make_subplots
 from ..records import PipelineEvent
 from ..records.schedule import COMM_ACTIONS, SchedulePreview
 from ._common import ACTION_COLORS, ACTION_NAMES, SUBPLOT_PX, empty_figure, records_of, styled, title_lines
-from .pipeline import bubble_fractions, overall_bubble, pipeline_figure
+from .pipeline import XT as PIPELINE_XT, bubble_fractions, overall_bubble, pipeline_figure
 
 PREVIEW_COLORS = {**ACTION_COLORS, "I": "#e45756", "SEND_F": "#bab0ac", "RECV_F": "#d8d4d0",
                   "SEND_B": "#9d755d", "RECV_B": "#c9a88f"}
@@ -80,5 +80,5 @@ def schedule_figure(preview: SchedulePreview, measured: Iterable[PipelineEvent] 
     styled(fig, title, XS, YS, above=SUBPLOT_PX, barmode="overlay", bargap=0.15)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed", row=1, col=1)
     fig.update_yaxes(type="category", autorange="reversed", row=1, col=2)
-    fig.update_xaxes(title_text="time since step start (s)", row=1, col=2)
+    fig.update_xaxes(title_text=PIPELINE_XT, row=1, col=2)
     return fig

@@ -14,9 +14,9 @@ from typing import Callable
 import plotly.graph_objects as go
 
 from ..records import CommRecord, PipelineEvent
-from ._common import ACTION_COLORS, ACTION_NAMES, OP_COLORS, empty_figure, human_bytes, records_of, styled
+from ._common import ACTION_COLORS, ACTION_NAMES, MS, OP_COLORS, empty_figure, human_bytes, records_of, styled
 
-TITLE, XT, YT = "Timeline per rank", "time since first event (s)", "rank"
+TITLE, XT, YT = "Timeline per rank", "ms since the first event", "rank"
 
 
 def step_filter(steps: int | Iterable[int] | None) -> Callable[[int], bool]:
@@ -56,23 +56,23 @@ def timeline_figure(comms: Iterable[CommRecord] | None,
     for op in ordered((c.op for c in cs), OP_COLORS):
         sel = [c for c in cs if c.op == op]
         fig.add_trace(go.Bar(
-            orientation="h", y=[f"rank {c.rank}" for c in sel], x=[max(0.0, c.end - c.start) for c in sel],
-            base=[c.start - t0 for c in sel], name=op, marker_color=OP_COLORS.get(op),
+            orientation="h", y=[f"rank {c.rank}" for c in sel], x=[max(0.0, c.end - c.start) * MS for c in sel],
+            base=[(c.start - t0) * MS for c in sel], name=op, marker_color=OP_COLORS.get(op),
             offsetgroup="comm", legendgroup="comm", legendgrouptitle_text="communication",
-            customdata=[[human_bytes(c.bytes), c.axis or "world", c.step, (c.end - c.start) * 1e3,
+            customdata=[[human_bytes(c.bytes), c.axis or "world", c.step, (c.end - c.start) * MS,
                          ",".join(map(str, c.group)) if c.group else ("" if c.peer is None else str(c.peer)),
-                         c.start - t0] for c in sel],
+                         (c.start - t0) * MS] for c in sel],
             hovertemplate=(f"%{{y}} {op} on %{{customdata[1]}} (%{{customdata[4]}})<br>%{{customdata[0]}}, "
-                           "%{customdata[3]:.2f} ms<br>step %{customdata[2]}, start %{customdata[5]:.4f} s<extra></extra>")))
+                           "%{customdata[3]:.2f} ms<br>step %{customdata[2]}, start %{customdata[5]:.1f} ms<extra></extra>")))
     for action in ordered((e.action for e in ev), ACTION_COLORS):
         sel = [e for e in ev if e.action == action]
         fig.add_trace(go.Bar(
-            orientation="h", y=[f"rank {e.rank}" for e in sel], x=[max(0.0, e.end - e.start) for e in sel],
-            base=[e.start - t0 for e in sel], name=ACTION_NAMES.get(action, action),
+            orientation="h", y=[f"rank {e.rank}" for e in sel], x=[max(0.0, e.end - e.start) * MS for e in sel],
+            base=[(e.start - t0) * MS for e in sel], name=ACTION_NAMES.get(action, action),
             marker_color=ACTION_COLORS.get(action), offsetgroup="pipeline", legendgroup="pipeline",
             legendgrouptitle_text="pipeline", text=[str(e.microbatch) for e in sel],
             textposition="inside", insidetextanchor="middle",
-            customdata=[[e.stage, e.microbatch, e.step, (e.end - e.start) * 1e3] for e in sel],
+            customdata=[[e.stage, e.microbatch, e.step, (e.end - e.start) * MS] for e in sel],
             hovertemplate=(f"%{{y}} stage %{{customdata[0]}} {action} microbatch %{{customdata[1]}}<br>"
                            "%{customdata[3]:.2f} ms, step %{customdata[2]}<extra></extra>")))
     styled(fig, TITLE, XT, YT, barmode="group" if cs and ev else "overlay", bargap=0.2)
