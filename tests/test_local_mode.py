@@ -63,7 +63,8 @@ def test_local_mode_records_equal_spawned_ranks(parity_steps):
             ranks.close()
         for rank, (memory, comms, shards) in parity_steps[label, "fp32"].items():
             mine = got.memory()[rank]
-            assert (mine.params, mine.grads, mine.optimizer) == (memory.params, memory.grads, memory.optimizer), rank
+            assert (mine.params, mine.grads, mine.optimizer, mine.activations) == \
+                (memory.params, memory.grads, memory.optimizer, memory.activations), (label, rank)
             assert _per_rank(got.comms(rank)).get(rank, {}) == _per_rank(comms).get(rank, {}), (label, rank)
             assert sorted(map(_shard_key, got.layout(rank=rank))) == sorted(map(_shard_key, shards)), (label, rank)
 

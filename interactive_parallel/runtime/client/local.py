@@ -74,6 +74,10 @@ class _Collectives:
                 short = func._schema.name.partition("::")[2]
                 kind = comms.KINDS.get(short)
                 if ledger is None or kind is None or func.namespace not in ("_c10d_functional", "c10d"):
+                    if _subclassed(args, kwargs):
+                        # a DTensor's op: DTensor runs it, with this mode still on the stack, so the
+                        # collectives its handlers issue (loss_parallel's) are seen too
+                        return NotImplemented
                     return func(*args, **kwargs)
                 bound = comms._bind(func, args, kwargs)
                 if func.namespace == "_c10d_functional":
@@ -90,6 +94,14 @@ class _Collectives:
                 return out
 
         return Seen()
+
+
+def _subclassed(args, kwargs) -> bool:
+    """Whether an op's arguments hold a tensor subclass LocalTensorMode leaves to the subclass (DTensor)."""
+    from torch.distributed._local_tensor import _check_for_subclass
+    from torch.utils import _pytree as pytree
+
+    return _check_for_subclass(pytree.tree_leaves((args, kwargs)))
 
 
 def _coordinate(mesh, rank: int) -> list[int]:
