@@ -47,6 +47,16 @@ def test_local_mode_matches_one_process(label, clip):
 
 
 @pytest.mark.rank1
+def test_local_mode_matches_one_process_with_experts():
+    """A mixture of experts whose experts are not split (Mixtral, tp2): the same three-way parity."""
+    from moe_workers import spec_of
+
+    spec = spec_of("mixtral")
+    W.assert_parity(local_run(spec, dict(tp=2), STEPS), W.reference(spec, dict(tp=2), STEPS),
+                    (LOSS_TOL, GRAD_TOL, WEIGHT_TOL), "mixtral-tp2")
+
+
+@pytest.mark.multirank  # its oracle, conftest.parity_steps, comes from spawned ranks (shared with test_dryrun)
 def test_local_mode_records_equal_spawned_ranks(parity_steps):
     """One step of tp2 with sequence parallel in one process: every rank's memory record, comm
     ledger (its collectives per group and axis) and shard records are what spawned gloo ranks report."""
