@@ -97,12 +97,19 @@ def test_refused_plans_name_the_parallelism_and_the_alternative(fields, message)
 
 
 @pytest.mark.rank1
-def test_refused_before_anything_is_built():
-    """A refused plan raises PlanError before the fake group or any tensor exists; GPT-2 is refused by family."""
+def test_local_session_runs_and_refuses_before_anything_is_built():
+    """LocalSession answers a lesson's calls and leaves no process group at stop; a refused plan
+    raises PlanError before the fake group or any tensor exists; GPT-2 is refused by family."""
     import torch.distributed as dist
 
     from interactive_parallel import LocalSession
 
+    with LocalSession(ranks=2) as s:  # the calls a lesson makes, as of a Session
+        s.apply(Plan(tp=2, batch_size=2, seq_len=16))
+        assert [r.rank for r in s.train(1)] == [0, 1] and len(s.history) == 2
+        assert {r.rank for r in s.layout()} == {0, 1} and len(s.memory()) == 2 and s.comms(1)
+        s.check_layout()
+    assert not dist.is_initialized()
     with pytest.raises(PlanError, match=r"fsdp\(2\).*Session"):
         LocalSession(ranks=2).apply(Plan(fsdp=2))
     with pytest.raises(PlanError, match="gpt2"):

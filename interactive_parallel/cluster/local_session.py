@@ -72,8 +72,12 @@ class LocalSession:
         return self._require().records().explain_comms(rank)
 
     def layout(self, rank: int | None = None, param: str | None = None) -> RecordList:
-        """ShardRecords: every parameter `rank` holds, or `param` on every rank."""
-        return self._require().records().layout(rank=rank, param=param)
+        """ShardRecords: every parameter `rank` holds, `param` on every rank, or (neither) every
+        parameter on every rank, as Session.layout()."""
+        records = self._require().records()
+        if rank is None and param is None:
+            return RecordList(s for r in range(self.ranks) for s in records.layout(rank=r))
+        return records.layout(rank=rank, param=param)
 
     def check_layout(self) -> RecordList:
         return self._require().records().lint()
