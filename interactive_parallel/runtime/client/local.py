@@ -24,6 +24,11 @@ Where it departs from a live rank, and why:
   representative's. Under the plans this mode accepts every rank holds tensors of the same
   shapes and issues the same collectives, so the moved records are the live ones
   (tests/test_local_mode.py checks them against spawned ranks);
+- the comm ledger's eyes: LocalTensorMode runs each collective in Python above the dispatcher key
+  where the comm probe's kernels sit (runtime.probes.comms), so a dispatch mode here (`_Collectives`)
+  hands each one to the same Ledger.note a live rank's goes through;
+- the random generators: each entry into LocalTensorMode restarts every rank's generator from this
+  process's, so on leaving this process's takes rank 0's (`LocalRanks._ranks`);
 - the loss: a LocalTensor holds each rank's value; they are equal under the accepted plans (every
   rank sees the whole batch) and the step's loss is read from rank 0.
 
