@@ -9,7 +9,7 @@ from .records import (CommRecord, DecodeStep, MemoryRecord, PipelineEvent, Quant
                       RequestRecord, ServeResult, ShardRecord, StepRecord, TokenRecord, VerifyReport)
 
 __version__ = "0.1.0"
-__all__ = ["Session", "Plan", "PlanError", "RankError", "RankTimeout", "SessionError", "panel", "dry_run", "StepRecord",
+__all__ = ["Session", "LocalSession", "Plan", "PlanError", "RankError", "RankTimeout", "SessionError", "panel", "dry_run", "StepRecord",
            "MemoryRecord", "CommRecord", "ShardRecord", "PipelineEvent", "RankInfo", "TokenRecord", "VerifyReport",
            "Request", "RequestRecord", "ServeResult", "DecodeStep", "QuantizeRecord"]
 
@@ -35,6 +35,10 @@ def dry_run(model, plan: Plan, world: int | None = None, **kwargs):
 
 
 def __getattr__(name):
+    if name == "LocalSession":  # the one-process mode (cluster/local_session.py): no torch until apply
+        from .cluster.local_session import LocalSession
+
+        return LocalSession
     if name in ("Session", "RankError", "RankTimeout", "SessionError"):
         from . import cluster
 

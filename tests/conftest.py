@@ -37,6 +37,7 @@ COMPUTING = ("notebook", "session", "multirank", "browser", "rank1", "pure")
 """The other tiers, costliest first, so the run ends on short units that even the workers out."""
 UNITS = {
     "tests/test_activations.py": "parity_steps", "tests/test_dryrun.py": "parity_steps",
+    "tests/test_local_mode.py": "parity_steps",
     "tests/test_launchers.py": "hosts", "tests/test_multihost.py": "hosts",
 }
 """Modules that must run in one worker: one session fixture (parity_steps), or namespaced hosts

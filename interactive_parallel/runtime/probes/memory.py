@@ -39,12 +39,16 @@ from torch._subclasses.fake_tensor import is_fake  # torch imports it itself: no
 def local(t: torch.Tensor) -> torch.Tensor:
     """The tensor holding `t`'s bytes on this rank: a DTensor's local part, the buffer an
     AsyncCollectiveTensor wraps (a functional collective's output not yet waited for, which a
-    norm right after a rowwise linear saves for backward: Gemma 3), else `t`."""
+    norm right after a rowwise linear saves for backward: Gemma 3), the first rank's tensor of a
+    LocalTensor (one tensor per simulated rank), else `t`."""
     while True:  # a DTensor's local part may itself be an AsyncCollectiveTensor (sequence parallel)
         inner = next((x for x in (getattr(t, "_local_tensor", None), getattr(t, "elem", None))
                       if isinstance(x, torch.Tensor)), None)
         if inner is None:
-            return t
+            per_rank = getattr(t, "_local_tensors", None)  # the one-process mode's LocalTensor (runtime.client.local)
+            if not per_rank:
+                return t
+            inner = per_rank[min(per_rank)]  # its ranks hold tensors of the same shapes: the first's stand for all
         t = inner
 
 
