@@ -78,8 +78,8 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
     'full' but a block's last (its output is needed by no backward; measured: torch's checkpoint
     stops early), CP's gathers under both modes. Each TP all-reduce moves its tensor's dtype:
-    under autocast the rowwise outputs in the compute dtype, the input gradients in fp32. Sequence parallel is not modelled (its traffic is
-    counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
+    under autocast the rowwise outputs in the compute dtype, the input gradients in fp32.
+    Sequence parallel is not modelled (its traffic is counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
     all-reduce, the split head's input-gradient all-reduce and its cross-entropy's three
     per-token all-reduces. Expert parallelism: see _expert_comms.
     """
@@ -124,8 +124,8 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
 
 def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: int, act: int) -> Comms:
     """TP's all-reduces: after each rowwise linear (forward, again under full recomputation but the
-    block's last) and
-    of each colwise linear's input gradient (backward), per microbatch; loss parallel's two."""
+    block's last) and of each colwise linear's input gradient (backward), per microbatch; loss
+    parallel's two."""
     if plan.tp == 1:
         return []
     styles = [tp_style(s) for s in spec.family_info.tp_plan.values()]

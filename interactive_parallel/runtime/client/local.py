@@ -41,7 +41,6 @@ Knows nothing of ipyparallel or the client; imported lazily (it imports torch).
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import replace
 from typing import Any
 
@@ -64,7 +63,7 @@ class _Collectives:
     """What the comm probe (runtime.probes.comms) sees of a live rank's collectives, seen here:
     LocalTensorMode runs every collective in Python above the dispatcher key where the probe's
     kernels sit, so none reaches them. A dispatch mode entered inside LocalTensorMode notes each
-    collective to the step's open ledger (the same Ledger.note that records a live rank's), and
+    collective to the step's open ledger (comms.note_call, which records a live rank's), and
     finishes it when it returns (a local collective is done when it returns)."""
 
     def __new__(cls):
@@ -84,16 +83,8 @@ class _Collectives:
                         # collectives its handlers issue (loss_parallel's) are seen too
                         return NotImplemented
                     return func(*args, **kwargs)
-                bound = comms._bind(func, args, kwargs)
-                if func.namespace == "_c10d_functional":
-                    from torch.distributed.distributed_c10d import _resolve_process_group
-
-                    pg = _resolve_process_group(bound["group_name"])
-                else:
-                    pg = dist.ProcessGroup.unbox(bound["process_group"])
-                rec = ledger.note(short, kind, bound, pg)
-                if ledger.tracer is not None:  # what caused it (runtime.probes.causes)
-                    ledger.tracer.annotate(rec, kind, [], sys._getframe())
+                rec, _ = comms.note_call(ledger, func, short, kind, args, kwargs,
+                                         functional=func.namespace == "_c10d_functional")
                 out = func(*args, **kwargs)
                 ledger.finish(rec)
                 return out

@@ -83,6 +83,26 @@ def _bind(op, args, kwargs) -> dict[str, Any]:
     return out
 
 
+def note_call(ledger: "Ledger", op, short: str, kind: str, args, kwargs, functional: bool) -> tuple[Any, dict[str, Any]]:
+    """(the ledger's record, the bound arguments) of collective `op` about to run: its arguments
+    bound to their names, its process group resolved (a functional collective names its group, a
+    ProcessGroup call passes it boxed) and, with a tracer, what caused it, read off the caller's
+    stack (probes/causes.py). Where a live rank's kernel and the one-process mode's dispatch mode
+    (runtime/client/local.py) both record a call."""
+    bound = _bind(op, args, kwargs)
+    if functional:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        pg = _resolve_process_group(bound["group_name"])
+    else:
+        pg = dist.ProcessGroup.unbox(bound["process_group"])
+    rec = ledger.note(short, kind, bound, pg)
+    if ledger.tracer is not None:
+        p2p = tensors_of(bound.get("tensors")) if kind in ("send", "recv") else []
+        ledger.tracer.annotate(rec, kind, p2p, sys._getframe(1))
+    return rec, bound
+
+
 def _kernel(op, short: str, functional: bool):
     kind = KINDS.get(short, short)
     after = _BELOW
@@ -105,17 +125,7 @@ def _kernel(op, short: str, functional: bool):
             if rec is not None:
                 ledger.finish(rec)
             return out
-        bound = _bind(op, args, kwargs)
-        if functional:
-            from torch.distributed.distributed_c10d import _resolve_process_group
-
-            pg = _resolve_process_group(bound["group_name"])
-        else:
-            pg = dist.ProcessGroup.unbox(bound["process_group"])
-        rec = ledger.note(short, kind, bound, pg)
-        if ledger.tracer is not None:  # what caused it (probes/causes.py), read off this stack
-            p2p = tensors_of(bound.get("tensors")) if kind in ("send", "recv") else []
-            ledger.tracer.annotate(rec, kind, p2p, sys._getframe())
+        rec, bound = note_call(ledger, op, short, kind, args, kwargs, functional)
         _NESTED.depth = 1
         try:
             out = op.redispatch(keyset & after, *args, **kwargs)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 
 from ...records.stacks import RECORDER_ENTRIES, CollectiveRecord
+from .stacks import instrumentation
 
 ENV = "TORCH_FR_BUFFER_SIZE"
 ENTRIES = RECORDER_ENTRIES
@@ -60,15 +61,12 @@ def group_label(name: str, desc: str) -> str:
     return desc or name
 
 
-_PROBES = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
 def _where(frames: list) -> str:
     """The innermost frame that is neither torch's nor the probes' own (their wrappers around
     torch's collectives are instrumentation): the code that issued the collective."""
     for f in frames or []:  # innermost first
         path = f.get("filename", "")
-        if f"{os.sep}torch{os.sep}" not in path and not path.startswith("<") and not path.startswith(_PROBES):
+        if f"{os.sep}torch{os.sep}" not in path and not path.startswith("<") and not instrumentation(path):
             return f"{path.rsplit(os.sep, 1)[-1]}:{f.get('line', '')} in {f.get('name', '')}"
     return ""
 

@@ -22,9 +22,14 @@ from typing import Callable, Iterable, Mapping
 from ...records.stacks import FrameRecord, StackRecord
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_PROBES = os.path.join(_PACKAGE, "runtime", "probes") + os.sep
-"""The probes' wrappers around torch's collectives (the ledger's kernels, a patched wait): on
-the stack once a step has been measured, but instrumentation, not where the rank is."""
+_PROBES = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def instrumentation(path: str) -> bool:
+    """Whether a frame's file is the probes' own: their wrappers around torch's collectives (the
+    ledger's kernels, a patched wait) are on the stack once a step has been measured, but they
+    are instrumentation, not where the rank is (also for the flight recorder's frames)."""
+    return os.path.abspath(path).startswith(_PROBES)
 _C10D = os.path.join("torch", "distributed", "distributed_c10d.py")
 _FUNCOL = os.path.join("torch", "distributed", "_functional_collectives.py")
 _MODULE_CALL = os.path.join("torch", "nn", "modules", "module.py")
@@ -71,7 +76,7 @@ def _frames(top, names: Mapping, cut: Callable[[object], bool] | None) -> list[F
     out = []
     for f in chain[-MAX_FRAMES:]:
         path = f.f_code.co_filename
-        if os.path.abspath(path).startswith(_PROBES):
+        if instrumentation(path):
             continue
         out.append(FrameRecord(file=path, line=f.f_lineno or 0, function=f.f_code.co_name,
                                code=linecache.getline(path, f.f_lineno or 0).strip(),
