@@ -9,15 +9,17 @@ from interactive_parallel.plan import PRESETS, Plan
 from interactive_parallel.records import GenerateOptions
 
 
-def train_and_grads(spec, plan: Plan, steps: int) -> dict:
+def train_and_grads(spec, plan: Plan, steps: int, computes_like: Plan | None = None) -> dict:
     """Per-step global losses, then loss/full grads on the next batch and the full weights; the
-    memory and comm records of the first step."""
+    memory and comm records of the first step. `computes_like`: the parallel plan a one-process
+    reference casts as (runtime.training.verify.computes_like)."""
     from interactive_parallel.runtime.layout.parallelize import parallelize
     from interactive_parallel.runtime.rank import state
     from interactive_parallel.runtime.training.train import make_optimizer, train_step
     from interactive_parallel.runtime.training.verify import global_loss, loss_and_grads
 
     par = parallelize(spec, plan)
+    par.computes_like = computes_like
     opt = make_optimizer(par)
     losses, norms, first = [], [], None
     for step in range(steps):
@@ -67,12 +69,13 @@ def reference(model, fields: dict, steps: int) -> dict:
     (reference_plan keeps only the batch, precision, learning rate and seed): each is computed
     once per process, keyed by the model's whole spec, that plan and the steps; callers only
     read it."""
-    from interactive_parallel.runtime.training.verify import reference_plan
+    from interactive_parallel.runtime.training.verify import computes_like, reference_plan
 
     spec, plan = as_spec(model), reference_plan(Plan(**fields))
-    key = repr((spec, plan, steps))
+    like = computes_like(Plan(**fields))
+    key = repr((spec, plan, steps, like and (like.gathers_bf16, like.ep > 1)))
     if key not in _REFERENCES:
-        _REFERENCES[key] = train_and_grads(spec, plan, steps)
+        _REFERENCES[key] = train_and_grads(spec, plan, steps, like)
     return _REFERENCES[key]
 
 

@@ -67,6 +67,17 @@ CONFIGS_4 = [
 ]
 ALL = {label: (preset, fields) for label, preset, fields in CONFIGS_2 + CONFIGS_4}
 
+BF16_4 = [
+    ("llama-fsdp4-bf16", LLAMA, dict(fsdp=4)),
+    ("llama-hsdp-dp2xfsdp2-bf16", LLAMA, dict(dp=2, fsdp=2)),
+    ("llama-fsdp2xtp2-sp-lp-bf16-clip", LLAMA, dict(fsdp=2, tp=2, sequence_parallel=True, loss_parallel=True,
+                                                    max_grad_norm=1.0)),
+    ("gpt2-pp2xfsdp2-bf16", GPT2, dict(pp=2, fsdp=2)),  # tied across stages, bf16 sends
+]
+"""FSDP gathering bf16 parameters (Plan.gathers_bf16), against one process computing on bf16 copies
+of its parameters (runtime.training.verify.computes_like), at verify()'s bf16 bound."""
+BF16 = [(label, preset, {**fields, "precision": "bf16"}) for label, preset, fields in BF16_4]
+
 
 CLIP = 1.0
 """max_grad_norm of the clipped runs (torchtitan's and transformers' Trainer's default): below
@@ -83,7 +94,7 @@ def clipped(configs: list[tuple]) -> list[tuple]:
 def results():
     out = {}
     out.update(run_ranks(W.parity_group, 2, CONFIGS_2 + clipped(CONFIGS_2), STEPS)[0])
-    out.update(run_ranks(W.parity_group, 4, CONFIGS_4 + clipped(CONFIGS_4), STEPS)[0])
+    out.update(run_ranks(W.parity_group, 4, CONFIGS_4 + clipped(CONFIGS_4) + BF16, STEPS)[0])
     return out
 
 
@@ -111,3 +122,25 @@ def test_parity_with_gradient_clipping(results, label):
     for a, b in zip(got["grad_norms"], ref["grad_norms"]):
         assert a == pytest.approx(b, rel=NORM_TOL), (label, got["grad_norms"], ref["grad_norms"])
     W.assert_parity(got, ref, (LOSS_TOL, GRAD_TOL, WEIGHT_TOL), label)
+
+
+@pytest.mark.parametrize("label", [label for label, _, _ in BF16])
+def test_parity_gathering_bf16(results, label):
+    """bf16 as torchtitan runs it: FSDP gathers bf16 parameters and reduce-scatters fp32 gradients
+    (the ledger says each collective's dtype), the fp32 master weights step, and losses, gradients
+    and weights stay within verify()'s bf16 bound of one process cast the same way."""
+    import torch
+
+    from interactive_parallel.runtime.training.verify import TOLERANCE
+
+    preset, fields = next((p, f) for lab, p, f in BF16 if lab == label)
+    got, ref = results[label], W.reference(preset, fields, STEPS)
+    tol = TOLERANCE["bf16"]
+    W.assert_parity(got, ref, (tol["loss"], tol["grad"], tol["grad"]), label)
+    dtypes = {(c.op, c.dtype) for c in got["comms"] if c.axis.startswith("fsdp")}
+    assert ("all_gather", "bfloat16") in dtypes and ("reduce_scatter", "float32") in dtypes, dtypes
+    assert ("all_gather", "float32") not in dtypes, dtypes
+    assert all(w.dtype == torch.float32 for w in got["weights"].values()), "fp32 master weights"
+    if fields.get("max_grad_norm"):
+        for a, b in zip(got["grad_norms"], ref["grad_norms"]):
+            assert a == pytest.approx(b, rel=tol["grad"]), (label, got["grad_norms"], ref["grad_norms"])

@@ -37,7 +37,7 @@ def peak_parts(spec: ModelSpec, plan: Plan, rank: int) -> tuple[Parts, int]:
     # A schedule runs its backwards inside the step's one autocast region: the weight copies the
     # recomputed blocks make come from (and stay in) its cache, all of them from the first backward.
     cached = Parts()
-    if plan.recompute != "none" and act_bytes(plan) != FP32:
+    if plan.recompute != "none" and act_bytes(plan) != FP32 and not plan.gathers_bf16:
         cached = Parts(linear_inputs=weight_elements(spec, plan, rank, last=False) * act_bytes(plan))
         extra = extra + Parts(linear_inputs=-extra_weights(spec, plan, rank))
     ops = plan.pipeline_ops(coords[MeshAxis.PP])

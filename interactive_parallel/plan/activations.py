@@ -7,8 +7,12 @@ tensor parallel splits heads and intermediate features; sequence parallel runs t
 a sequence shard but gathers the whole sequence for the linears; context parallel keeps a
 sequence shard except the gathered K and V (and the causal mask of the rank's queries);
 bf16/fp16 autocast saves half-width copies of every linear's input (one per linear: the
-autocast cache only holds leaf tensors) and of every linear weight (one per step, FSDP's
-unsharded weights included), while norms, softmax statistics and the loss stay fp32. Under
+autocast cache only holds leaf tensors) and of every linear weight (one per step), while norms,
+softmax statistics and the loss stay fp32. Where FSDP gathers bf16 parameters
+(Plan.gathers_bf16) the units compute in them: the residual stream is bf16, no copy is made of
+a weight or of a linear's input (the norm's bf16 output is every input linear's), and a norm
+saves what it computes in (an RMSNorm its fp32 upcast and statistics and its bf16 normalized
+input, as Llama's multiplies it by the weight; a LayerNorm its bf16 input and statistics). Under
 recomputation (the plan's `recompute`) a block keeps its input ('full') or its input and its
 matmul, attention and collective outputs ('selective') until its backward, which first runs
 the block again (kept_under_recompute, recomputed_in_backward). What differs between families
@@ -46,6 +50,24 @@ FP32, INT64 = 4, 8
 def act_bytes(plan: Plan) -> int:
     """Bytes per element of what autocast computes in (matmul and attention outputs)."""
     return 2 if plan.precision in ("bf16", "fp16") else FP32
+
+
+def stream_bytes(plan: Plan) -> int:
+    """Bytes per element of the residual stream between blocks: fp32 but where FSDP gathers bf16
+    parameters, whose units then compute in them."""
+    return 2 if plan.gathers_bf16 else FP32
+
+
+def norm_bytes(spec: ModelSpec, plan: Plan) -> int:
+    """Bytes one norm saves per token of the stream (module docstring: in bf16 units, what it
+    computes in)."""
+    wide, scalars = spec.family_info.norm_saves
+    h = spec.hidden_size
+    if not plan.gathers_bf16:
+        return (wide * h + scalars) * FP32
+    if spec.family_info.norm_bias:  # LayerNorm: in its input's dtype
+        return (wide * h + scalars) * stream_bytes(plan)
+    return ((wide - 1) * h + scalars) * FP32 + h * stream_bytes(plan)
 
 
 def micro_rows(plan: Plan) -> int:
@@ -90,7 +112,7 @@ class Parts:
 def layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """One decoder block, one micro-batch of `rows` sequences on this rank."""
     key = (spec_key(spec), rows, plan.tp, plan.cp, plan.cp_method, plan.seq_len, plan.sequence_parallel,
-           plan.precision, plan.loss_parallel, plan.ep)
+           plan.precision, plan.gathers_bf16, plan.loss_parallel, plan.ep)
     return _LAYER.get_or_make(key, lambda: _layer_parts(spec, plan, rows))
 
 
@@ -108,18 +130,17 @@ def _layer_parts(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     h, q, kv, i = spec.hidden_size, spec.width("q"), spec.width("kv"), spec.intermediate_size
     seq = plan.seq_len
     tokens = rows * seq // plan.cp  # this rank's share of the sequence
-    wide, scalars = fam.norm_saves
-    norms = len(fam.norm_paths) * stream_tokens(plan, tokens) * (wide * h + scalars) * FP32
+    norms = len(fam.norm_paths) * stream_tokens(plan, tokens) * norm_bytes(spec, plan)
     # Under tp a module computes on its own heads or features only when its input linears leave
     # their outputs split; gathered ones (Phi-3's fused projections, OLMo 2's q/k/v) give every
     # rank the whole width.
     tp_attn, tp_mlp = _split(spec, plan, fam.attention_path), _split(spec, plan, fam.mlp_path)
     norms += tokens * _head_norm_saves(spec, tp_attn) * FP32
-    # The input of the attention and of the MLP (whole sequence: SP gathers it): fp32, one
-    # tensor read by every input linear; under autocast a cast copy for each of them.
+    # The input of the attention and of the MLP (whole sequence: SP gathers it): one tensor read
+    # by every input linear; under autocast over fp32 parameters a cast copy for each of them.
     # (A mixture of experts: the router's linear is the MLP's one input linear.)
     mlp_inputs = 1 if fam.experts is not None else _colwise(spec, fam.mlp_path)
-    copies = [1, 1] if a == FP32 else [_colwise(spec, fam.attention_path), mlp_inputs]
+    copies = [1, 1] if a == stream_bytes(plan) else [_colwise(spec, fam.attention_path), mlp_inputs]
     inputs = sum(copies) * tokens * h * a
     # SDPA keeps q, k, v, its output and the log-sum-exp per head (fp32).
     attention = tokens * (2 * q // tp_attn * a + spec.num_heads // tp_attn * FP32)
@@ -146,7 +167,8 @@ def moe_saves(spec: ModelSpec, plan: Plan, tokens: int) -> int:
     inverse permutation (int64 each), the per-expert offsets (int32), the gathered inputs
     (pairs x hidden), the gate|up output (2 x width), the activation and the product (width
     each), the routing weights and the down projection's output (the weights multiply it).
-    All fp32: grouped_mm is not autocast, it computes in the fp32 weights' dtype.
+    All fp32: grouped_mm is not autocast, it computes in the fp32 weights' dtype; bf16 where FSDP
+    gathers the experts in bf16 (Plan.gathers_bf16 without ep: under ep FSDP leaves them out).
     Under ep (transformers' AllToAllEP) the sender keeps the argsort of its pairs and their
     gather index, the combined outputs (pairs x hidden) and the top-k weights they are scaled
     by; under tp each tp rank sends its 1/tp slice of the tokens. The experts run top-1 on what
@@ -158,10 +180,11 @@ def moe_saves(spec: ModelSpec, plan: Plan, tokens: int) -> int:
     ex, k, n = spec.family_info.experts, spec.experts_per_token, spec.num_experts
     h, width = spec.hidden_size, ex.expert_width
     router = tokens * (n * FP32 + k * INT64)
-    per_pair = (h + 4 * width + 1) * FP32  # gathered input, gate|up, activation, product, weight
+    f = stream_bytes(plan) if plan.ep <= 1 else FP32
+    per_pair = (h + 4 * width + 1) * f  # gathered input, gate|up, activation, product, weight
     if plan.ep <= 1:
         pairs = tokens * k
-        return router + pairs * (3 * INT64 + per_pair + h * FP32) + n * 4
+        return router + pairs * (3 * INT64 + per_pair + h * f) + n * 4
     sent = tokens // plan.tp * k
     received = sent
     sender = sent * (2 * INT64 + FP32 + h * FP32)
@@ -228,20 +251,20 @@ def _outputs(spec: ModelSpec, plan: Plan, module: str | None = None, colwise_onl
 def kept_under_recompute(spec: ModelSpec, plan: Plan, rows: int) -> Parts:
     """What one checkpointed decoder block keeps from its forward until its backward.
 
-    'full': its input (the fp32 residual stream). 'selective' (runtime/parallel/ac.py saves the
+    'full': its input (the residual stream). 'selective' (runtime/parallel/ac.py saves the
     outputs of matmuls, attention and collectives): also every linear's output (under tp the
     rowwise ones after their all-reduce too) and SDPA's output and log-sum-exp.
     """
     a, tp, h = act_bytes(plan), plan.tp, spec.hidden_size
     tokens = rows * plan.seq_len // plan.cp
     stream = stream_tokens(plan, tokens)
-    kept = Parts(linear_inputs=stream * h * FP32)
+    kept = Parts(linear_inputs=stream * h * stream_bytes(plan))
     if plan.recompute == "selective":
         rowwise = sum(1 for st in spec.family_info.block_tp_records().values() if st.reduces_output)
         reduced = rowwise * h * stream if tp > 1 else 0  # after the all-reduce (SP: reduce-scatter)
-        # SP's all-gathers of the attention's and the MLP's input (the fp32 norm outputs) are
+        # SP's all-gathers of the attention's and the MLP's input (the norm outputs) are
         # collectives too: their whole-sequence outputs are kept.
-        gathered = 2 * tokens * h * FP32 if stream != tokens else 0
+        gathered = 2 * tokens * h * stream_bytes(plan) if stream != tokens else 0
         kept = kept + Parts(linear_inputs=(tokens * _outputs(spec, plan) + reduced) * a + gathered,
                             attention=tokens * (spec.width("q") // tp * a + spec.num_heads // tp * FP32))
     return kept
@@ -256,13 +279,22 @@ def recomputed_in_backward(spec: ModelSpec, plan: Plan, rows: int, rank: int) ->
     tokens = rows * plan.seq_len // plan.cp
     stream = stream_tokens(plan, tokens)
     whole = layer_parts(spec, plan, rows)
-    norms, attention, mlp = whole.norms - stream * spec.hidden_size * FP32, whole.attention, whole.mlp
+    norms, attention, mlp = whole.norms - stream * spec.hidden_size * _shared_input(spec, plan), whole.attention, whole.mlp
     if plan.recompute == "selective":
         q, kv = spec.width("q") // tp, spec.width("kv") // tp
         attention -= tokens * ((q + (kv if fam.rotary_path else q + 2 * kv)) * a + spec.num_heads // tp * FP32)
         mlp -= tokens * _outputs(spec, plan, fam.mlp_path, colwise_only=True) * a
     return Parts(norms=norms, linear_inputs=whole.linear_inputs + extra_weights(spec, plan, rank),
                  attention=attention, mlp=mlp)
+
+
+def _shared_input(spec: ModelSpec, plan: Plan) -> int:
+    """Bytes per element of the block's input that its first norm saves as it is (and a
+    checkpoint keeps): fp32 residual streams, and bf16 ones into a LayerNorm; an RMSNorm in a
+    bf16 unit saves its own fp32 upcast instead (norm_bytes)."""
+    if not plan.gathers_bf16:
+        return FP32
+    return stream_bytes(plan) if spec.family_info.norm_bias else 0
 
 
 def _layers_held(spec: ModelSpec, plan: Plan, rank: int) -> int:
@@ -278,16 +310,15 @@ def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: 
     seq = plan.seq_len // plan.cp
     tokens = rows * seq
     embedding = 0
-    if fam.rotary_path:  # cos and sin, (1, 1, seq, head_dim), fp32, shared by the blocks
-        embedding += 2 * seq * spec.head_dim * FP32
+    if fam.rotary_path:  # cos and sin, (1, 1, seq, head_dim), in the stream's dtype, shared by the blocks
+        embedding += 2 * seq * spec.head_dim * stream_bytes(plan)
     if first and fam.position_embedding_path:  # the learned positions' indices, (1, seq)
         embedding += seq * INT64
     if first and plan.cp > 1:  # CP cuts each rank's ids out of the batch: a new tensor
         embedding += tokens * INT64
     head = 0
     if last:
-        wide, scalars = fam.norm_saves
-        head = tokens * (wide * spec.hidden_size + scalars) * FP32  # final norm (whole sequence)
+        head = tokens * norm_bytes(spec, plan)  # final norm (whole sequence)
         head += tokens * spec.hidden_size * a  # the LM head's input
         # fp32 log-probabilities, the targets; under loss parallel each tp rank keeps its vocabulary
         # shard of them (torch's loss_parallel: measured 1/tp, the logits never gathered)
@@ -299,7 +330,8 @@ def once_per_forward(spec: ModelSpec, plan: Plan, rows: int, first: bool, last: 
 
 def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
     """Saved once however many micro-batches run: the batch's token ids (first stage), and
-    under autocast the half-width copy of every linear weight the rank multiplies by."""
+    under autocast the half-width copy of every linear weight the rank multiplies by (none where
+    FSDP gathers bf16 parameters: they are the weights multiplied)."""
     pp_rank = mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]
     stages = plan.stage_ids(pp_rank) if plan.pp > 1 else [0]
     out = 0
@@ -308,7 +340,7 @@ def once_per_step(spec: ModelSpec, plan: Plan, rank: int) -> int:
         # on CUDA they are copied over: this rank's rows only.
         rows = plan.batch_size if plan.device == "cpu" else plan.batch_size // plan.data_parallel
         out += rows * (plan.seq_len + 1) * INT64
-    if act_bytes(plan) != FP32:
+    if act_bytes(plan) != FP32 and not plan.gathers_bf16:
         last = plan.n_stages - 1 in stages or plan.pp == 1
         if plan.recompute == "none":
             out += weight_elements(spec, plan, rank, last=last) * act_bytes(plan)
@@ -348,6 +380,6 @@ def stage_parts(spec: ModelSpec, plan: Plan, stage: int, rows: int) -> Parts:
 
 def extra_weights(spec: ModelSpec, plan: Plan, rank: int) -> int:
     """Bytes of one block's weight copies in recomputed_in_backward (under autocast)."""
-    if act_bytes(plan) == FP32:
+    if act_bytes(plan) == FP32 or plan.gathers_bf16:
         return 0
     return weight_elements(spec, plan, rank, last=False) // max(1, _layers_held(spec, plan, rank)) * act_bytes(plan)

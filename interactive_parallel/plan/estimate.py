@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..records import CommEstimate, MemoryRecord
 from .activation_peak import predict_activations
-from .activations import INT64, act_bytes, micro_rows
+from .activations import INT64, act_bytes, micro_rows, stream_bytes
 from .axes import MeshAxis, mesh_coords
 from .inventory import Memo, ParamInfo, chunk, cut_key, local_tensors, owned, param_inventory, shard_group
 from .models import ModelSpec
@@ -78,7 +78,9 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     recomputation repeats the forward collectives it does not save: TP's all-reduces under
     'full' but a block's last (its output is needed by no backward; measured: torch's checkpoint
     stops early), CP's gathers under both modes. Each TP all-reduce moves its tensor's dtype:
-    under autocast the rowwise outputs in the compute dtype, the input gradients in fp32.
+    under autocast the rowwise outputs in the compute dtype, the input gradients in the residual
+    stream's (fp32; bf16 where FSDP gathers bf16 parameters, Plan.gathers_bf16, which also halves
+    its all-gathers and the pipeline's sends; gradients are reduced in fp32).
     Sequence parallel is not modelled (its traffic is counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
     all-reduce, the split head's input-gradient all-reduce and its cross-entropy's three
     per-token all-reduces. Expert parallelism: see _expert_comms.
@@ -109,7 +111,9 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
     if sharded:
         f_size, _ = shard_group(plan, coords)
         axis = "_".join(sharded)
-        out: Comms = [("all_gather", axis, 2 * len(units) * acc, 2 * acc * f_size * shards),
+        # bf16 gathers move half the fp32 shards' bytes; gradients are reduced in fp32 (fsdp.mixed_precision)
+        gathered = f_size * shards * stream_bytes(plan) // FP32
+        out: Comms = [("all_gather", axis, 2 * len(units) * acc, 2 * acc * gathered),
                       ("reduce_scatter", axis, len(units) * acc, acc * f_size * shards)]
         if replicated:  # HSDP: the shards' owners average across the replicas
             out.append(("all_reduce", "_".join(replicated), len(units) * acc, acc * shards))
@@ -136,8 +140,10 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     backward = sum(1 for s in styles if s.reduces_input_grad)
     per_layer = forward + backward
     # Under autocast a rowwise linear's output is in its compute dtype, while a colwise linear's
-    # input (a norm's output: the residual stream is fp32) and so its gradient stay fp32.
-    layer_bytes = (forward * act_bytes(plan) + backward * FP32) * (act // FP32)
+    # input (a norm's output) and so its gradient are in the residual stream's: fp32, or bf16
+    # where FSDP gathers bf16 parameters.
+    stream = stream_bytes(plan)
+    layer_bytes = (forward * act_bytes(plan) + backward * stream) * (act // FP32)
     # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
     # colwise head's input gradient (backward, last stage), once per microbatch; and torch's
     # loss_parallel cross-entropy on the last stage all-reduces three fp32 values per token
@@ -148,7 +154,7 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     ends = (0 in stages) + last if plan.loss_parallel else 0
     m = plan.n_microbatches if plan.pp > 1 else 1
     acc = plan.grad_accum
-    calls, nbytes = (per_layer * layers + ends) * m * acc, (layer_bytes * layers + ends * act) * acc
+    calls, nbytes = (per_layer * layers + ends) * m * acc, (layer_bytes * layers + ends * act // FP32 * stream) * acc
     if last:
         calls, nbytes = calls + 3 * m * acc, nbytes + 3 * acc * act // spec.hidden_size
     return [("all_reduce", "tp", calls, nbytes)]
@@ -164,7 +170,8 @@ def _pp_comms(plan: Plan, coords: dict[MeshAxis, int], act: int) -> Comms:
     # A neighbour stage on this same rank (the turn of a V schedule) is handed over, not sent.
     sends = sum(1 for s in mine if s < total - 1 and plan.stage_owner(s + 1) != pp_rank) + \
         sum(1 for s in mine if s > 0 and plan.stage_owner(s - 1) != pp_rank)
-    return [("send", "pp", sends * m * acc, sends * acc * act), ("recv", "pp", sends * m * acc, sends * acc * act)]
+    nbytes = sends * acc * act // FP32 * stream_bytes(plan)  # the residual stream's dtype
+    return [("send", "pp", sends * m * acc, nbytes), ("recv", "pp", sends * m * acc, nbytes)]
 
 
 def _cp_comms(spec: ModelSpec, plan: Plan, layers: int, rows: int) -> Comms:

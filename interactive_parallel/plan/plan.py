@@ -153,6 +153,14 @@ class Plan:
         return shard, tuple(a for a in ("dp", "cp") if getattr(self, a) > 1 and a not in shard)
 
     @property
+    def gathers_bf16(self) -> bool:
+        """Whether FSDP gathers bf16 parameters (torchtitan's `param_dtype=bfloat16`): bf16
+        under any sharded axis. The units then compute in bf16 (the residual stream, every
+        collective of their activations) and reduce their gradients in fp32 onto fp32 shards, the
+        optimizer's master weights. Elsewhere bf16 is autocast over fp32 parameters."""
+        return self.precision == "bf16" and bool(self.gradient_axes[0])
+
+    @property
     def replicates_gradients(self) -> bool:
         """Whether a replicated wrapper averages the gradients: DDP (uses_ddp), or FSDP2's
         replicate over the dp and cp ranks when nothing is sharded. Under fsdp (HSDP too) the

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 
 from ..records import CommEstimate, HardwareProfile, StepPrediction
-from .activations import layer_parts, micro_rows
+from .activations import layer_parts, micro_rows, stream_bytes
 from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
 from .estimate import predict_comms, predict_memory
 from .inventory import Memo, local_tensors, param_inventory, spec_key
@@ -201,7 +201,7 @@ def plan_seconds(spec: ModelSpec, plan: Plan, profile: HardwareProfile) -> dict[
     if plan.pp > 1:
         # a stage's collectives are its owner's: each pp rank's own share, per forward
         per_stage = stage_costs(spec, plan, profile, {p: inside[r] / forwards for p, r in enumerate(ranks)})
-        act = spec.hidden_size * micro_rows(plan) * plan.seq_len // plan.cp * FP32
+        act = spec.hidden_size * micro_rows(plan) * plan.seq_len // plan.cp * stream_bytes(plan)
         # a receiver already waiting's figure: the replay holds the wait for the sender's compute
         link = profile.link(link_of(plan, "pp", profile), "recv", 2)
         span, busy = simulate(plan, per_stage, link.latency_s + act / link.bandwidth, core_speed(plan, profile),

@@ -266,8 +266,10 @@ class ViewsSection:
         records = s.experts(1)
         refresh(self.expert_load, viz.expert_load_figure(records))
         hidden = s.spec.hidden_size if s.spec is not None else None
-        # the tokens each way are the residual stream's: fp32 (params are; autocast casts in the matmuls)
-        refresh(self.tokens_moved, viz.tokens_moved_figure(records, hidden_size=hidden, dtype_bytes=4))
+        # the tokens each way are the residual stream's: fp32 (params are; autocast casts in the
+        # matmuls), bf16 where FSDP gathers bf16 parameters and its units compute in them
+        width = 2 if s.plan is not None and s.plan.gathers_bf16 else 4
+        refresh(self.tokens_moved, viz.tokens_moved_figure(records, hidden_size=hidden, dtype_bytes=width))
         if records:
             return ""
         if s.spec is None or s.spec.num_experts == 0:

@@ -62,6 +62,9 @@ class Parallelized:
     """Under ep: the expert weights (kept out of FSDP / replicate; their gradients synced here)."""
     expert_group: Any = None
     """Under ep: the ranks holding this rank's experts (None: no other)."""
+    computes_like: Any = None
+    """A one-process model computing as this Plan's FSDP units would (verify's reference of a plan
+    that gathers bf16 parameters, Plan.gathers_bf16), or None."""
     router_logits: Any = None
     """The router logits the config's load-balancing loss reads (runtime.model.router_loss), or None."""
 
@@ -122,7 +125,24 @@ class Parallelized:
 
             with whole_sequence():
                 return self.cp_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        if self.computes_like is not None and self.computes_like.gathers_bf16:
+            return self._logits_in_bf16(kwargs)
+        return self.model(**kwargs).logits
+
+    def _logits_in_bf16(self, kwargs: dict) -> torch.Tensor:
+        """The forward on bf16 copies of the parameters, as FSDP's units gather them; under ep
+        the experts stay out, as FSDP leaves them (runtime.parallel.fsdp.cast_parameters)."""
+        from torch.func import functional_call
+
+        from ..parallel.fsdp import cast_parameters
+
+        experts = self.spec.family_info.experts
+        skip = []
+        if experts is not None and self.computes_like.ep > 1:
+            skip = [p for n, p in self.model.named_parameters() if f".{experts.experts_path}." in n]
+        params = cast_parameters(self.model, torch.bfloat16, skip)
+        return functional_call(self.model, params, (), kwargs).logits
 
     def refresh_schedule(self) -> None:
         """Rebuild the pipeline schedule if batch, sequence or microbatch knobs changed.

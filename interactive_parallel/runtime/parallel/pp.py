@@ -84,18 +84,20 @@ def stage_examples(module: StageModule, plan: Plan) -> tuple[torch.Tensor, torch
     forward of the first microbatch whose saved tensors (they raise the first stage's
     activation peak) and metadata messages a dry run's fake group cannot carry.
     Token ids arrive as `batch[:, :-1]` of a (rows, seq + 1) batch (runtime.training.train), hence the
-    stride; hidden states and their gradients are fp32 under autocast (the residual stream is);
+    stride; hidden states and their gradients are fp32 under autocast (the residual stream is),
+    bf16 where FSDP gathers bf16 parameters (Plan.gathers_bf16: the stages compute in them);
     the last stage's logits take the autocast dtype.
     """
     rows = plan.batch_size // (plan.data_parallel * plan.grad_accum * plan.n_microbatches)
     seq = plan.seq_len
+    stream = torch.bfloat16 if plan.gathers_bf16 else torch.float32
     with torch.device("meta"):
         if module.first:
             inp = torch.empty(rows, seq + 1, dtype=torch.long)[:, :-1]  # [mb, s], stride (s + 1, 1)
         else:
-            inp = torch.empty(rows, seq, module.hidden_size, requires_grad=True)  # [mb, s, h]
+            inp = torch.empty(rows, seq, module.hidden_size, dtype=stream, requires_grad=True)  # [mb, s, h]
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(plan.precision, torch.float32)
-        width, dtype = (module.vocab_size, dtype) if module.last else (module.hidden_size, torch.float32)
+        width, dtype = (module.vocab_size, dtype) if module.last else (module.hidden_size, stream)
         out = torch.empty(rows, seq, width, dtype=dtype, requires_grad=True)  # [mb, s, h or vocab]
     return inp, out
 

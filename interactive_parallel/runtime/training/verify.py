@@ -25,8 +25,10 @@ from .train import forward_backward, local_batch
 
 # Absolute differences allowed against the single-process reference. fp32: the sums run
 # in another order across ranks, which moves the last bits only, an order of magnitude or
-# more below these; bf16 autocast rounds activations to 8 mantissa bits, hence the wider
-# tolerance (fp16 shares it).
+# more below these; bf16 rounds activations to 8 mantissa bits, hence the wider tolerance (fp16
+# shares it). A plan whose FSDP gathers bf16 parameters is compared with a reference that computes
+# on bf16 copies of its parameters too (computes_like): what is left is the order of the sums and
+# where bf16 gradients are summed (per rank, then in fp32 across ranks), within the same bound.
 TOLERANCE: dict[str, dict[str, float]] = {
     "fp32": {"loss": 1e-5, "grad": 1e-5},
     "bf16": {"loss": 1e-2, "grad": 1e-2},
@@ -63,6 +65,13 @@ def loss_and_grads(par: Parallelized, step: int) -> tuple[float, dict[str, torch
 def reference_plan(plan: Plan) -> Plan:
     return Plan(device=plan.device, batch_size=plan.batch_size, seq_len=plan.seq_len, grad_accum=plan.grad_accum,
                 precision=plan.precision, lr=plan.lr, max_grad_norm=plan.max_grad_norm, seed=plan.seed)
+
+
+def computes_like(plan: Plan) -> Plan | None:
+    """What the one-process reference of `plan` casts as `plan` does beyond its precision: the
+    plan itself where FSDP gathers bf16 parameters (Plan.gathers_bf16), so the reference computes
+    on bf16 copies of its fp32 parameters too; else None (autocast alone)."""
+    return plan if plan.gathers_bf16 else None
 
 
 def reference_bytes(par: Parallelized) -> int:
@@ -142,6 +151,7 @@ def reference_loss_and_grads(par: Parallelized, weights: dict, step: int) -> tup
     from ..layout.parallelize import parallelize
 
     ref = parallelize(par.spec, reference_plan(par.plan), device=par.device, fill="none")
+    ref.computes_like = computes_like(par.plan)
     with torch.no_grad():
         for name, p in owned_parameters(ref).items():
             p.copy_(weights.pop(name))
