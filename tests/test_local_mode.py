@@ -47,6 +47,19 @@ def test_local_mode_matches_one_process(label, clip):
 
 
 @pytest.mark.rank1
+def test_local_mode_matches_one_process_under_bf16():
+    """bf16 autocast on every rank in one process against one process under it too, at verify()'s
+    bf16 bound (1e-2: rounding to 8 mantissa bits), sequence and loss parallel included."""
+    from interactive_parallel.runtime.training.verify import TOLERANCE
+
+    preset, fields = ALL["llama-tp2-sp-lp"]
+    fields = {**fields, "precision": "bf16"}
+    tol = TOLERANCE["bf16"]
+    W.assert_parity(local_run(preset, fields, STEPS), W.reference(preset, fields, STEPS),
+                    (tol["loss"], tol["grad"], tol["grad"]), "llama-tp2-sp-lp-bf16")
+
+
+@pytest.mark.rank1
 def test_local_mode_matches_one_process_with_experts():
     """A mixture of experts whose experts are not split (Mixtral, tp2): the same three-way parity."""
     from moe_workers import spec_of
