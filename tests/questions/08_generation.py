@@ -1,0 +1,36 @@
+"""Notebook 08's questions, on its session at the end (tp=4 on the trained tiny-llama, full precision;
+`requests`, `served` are the serving cell's, `q` the int8 quantization's records)."""
+# %%
+sampled = {}
+for plan in (Plan(tp=4), Plan(dp=4)):
+    s.apply(plan.replace(batch_size=16, seq_len=64, lr=3e-3))
+    sampled[plan.describe()] = s.generate(prompts, 4, do_sample=True, temperature=0.8, seed=1)
+print(sampled)
+# %%
+expect(sampled["tp4"] == sampled["dp4"], "Q1: seeded samples are the same under tp=4 and dp=4", seen=sampled["tp4"][:3])
+# %%
+s.apply(Plan(dp=2, tp=2, batch_size=16, seq_len=64, lr=3e-3))
+narrow = s.serve(requests, max_batch=2)
+tight = s.serve(requests, max_batch=4, kv_tokens=40)
+for name, res in (("max_batch=4", served), ("max_batch=2", narrow), ("kv_tokens=40", tight)):
+    print(f"{name:12} {res.n_steps} steps, {sum(st.waiting for st in res.steps)} request-steps waiting")
+viz.request_timeline_figure(narrow.requests, title="max_batch=2")
+# %%
+waiting = lambda res: sum(st.waiting for st in res.steps)
+expect(narrow.texts == tight.texts == served.texts, "Q2: the texts do not change, only when each request runs")
+expect(narrow.n_steps > served.n_steps and waiting(narrow) > waiting(served),
+       "Q2: max_batch=2 takes more steps, and the timeline's grey waits grow",
+       seen=f"{served.n_steps} -> {narrow.n_steps} steps, {waiting(served)} -> {waiting(narrow)} request-steps waiting")
+expect(tight.n_steps >= served.n_steps and waiting(tight) >= waiting(served),
+       "Q2: kv_tokens=40 admits a request only while its cache fits: as many steps or more, and longer waits",
+       seen=f"{tight.n_steps} steps, {waiting(tight)} request-steps waiting")
+# %%
+s.apply(Plan(dp=4, batch_size=16, seq_len=64, lr=3e-3))
+q4 = s.quantize("int4-weight-only")
+s.apply(Plan(tp=4, batch_size=16, seq_len=64, lr=3e-3))
+q4_tp = s.quantize("int4-weight-only")
+print(f"greedy tokens unchanged: int8 {q[0].agreement:.0%}, int4 {q4[0].agreement:.0%}, int4 under tp4 {q4_tp[0].agreement:.0%}")
+# %%
+expect(all(0 <= r.agreement <= 1 for r in q4 + q4_tp) and q4[0].params_after < q[0].params_after,
+       "Q3: int4 reports how many greedy tokens stay, under dp4 and tp4, and shrinks the linears further than int8",
+       seen=f"{mib(q[0].params_after)} -> {mib(q4[0].params_after)}")
