@@ -81,3 +81,14 @@ def test_the_prompts_are_read_from_questions_and_try_paragraphs_only():
         nbformat.v4.new_markdown_cell("## Look\nnot `this`\n\n**Try:** `s.train(steps=3,\n  seq_len=32)` then\n\nnor `that`"),
         nbformat.v4.new_markdown_cell("## Questions to try\n\n1. `a(1)`:\n```python\nwith x as t:\n    t.f()\n```\n## Clean up\n`s.stop()`")])
     assert code_spans(prompt_text(nb)) == ["s.train(steps=3, seq_len=32)", "a(1)", "with x as t: t.f()"]
+
+
+def test_a_sidecars_cells_go_before_clean_up_or_before_the_cell_they_name(tmp_path):
+    from notebook_questions import inject
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in ("s = 1", "## Zero", "s.stop()")])
+    side = tmp_path / "side.py"
+    side.write_text('"""doc"""\n# %%\na = 1\n# %%\nb = 2\n# %% before: ## Zero\nc = 3\n# %%\nd = 4\n')
+    inject(nb, side)
+    assert [c.source for c in nb.cells] == ["s = 1", "c = 3", "d = 4", "## Zero", "a = 1", "b = 2", "s.stop()"]
+    assert [c.metadata.get("tags") for c in nb.cells].count(["question"]) == 4

@@ -1,12 +1,10 @@
 """Notebook 05's questions, on its session at the end (8 ranks, pp=2 x dp=2 x tp=2 on small-llama; `mem`
-is that plan's memory)."""
+is that plan's measured memory)."""
 # %%
-s.apply(plan.replace(dp=1, fsdp=2))
-s.train(steps=1)
-viz.memory_figure(s.memory(), s.predict_memory())
+viz.memory_figure(s.memory(), s.predict_memory(plan.replace(dp=1, fsdp=2)))
 # %%
-swapped = s.memory()
-ratio = {k: getattr(swapped[0], k) / getattr(mem[0], k) for k in ("params", "grads", "optimizer", "activations")}
+swapped = s.predict_memory(plan.replace(dp=1, fsdp=2))[0]
+ratio = {k: getattr(swapped, k) / getattr(mem[0], k) for k in ("params", "grads", "optimizer", "activations")}
 expect(all(0.49 < ratio[k] < 0.52 for k in ("params", "grads", "optimizer")) and 0.9 < ratio["activations"] < 1.1,
        "Q1: fsdp=2 in place of dp=2 halves the parameter, gradient and optimizer bars; the activations stay",
        seen={k: round(v, 2) for k, v in ratio.items()})

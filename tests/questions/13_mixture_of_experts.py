@@ -25,8 +25,9 @@ s.load_model(dict(model_type="qwen3_moe", vocab_size=128, hidden_size=64,
    max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2))
 print(s.spec.experts.expert_params, s.spec.experts.expert_width)
 # %%
-expect(s.spec.experts.expert_width == 32 and all(32 in shape for shape in s.spec.experts.expert_params.values()),
-       "Q2: a Qwen3-MoE's experts are moe_intermediate_size = 32 wide", seen=s.spec.experts.expert_params)
+expect(s.spec.experts.expert_width == 32 and s.spec.experts.expert_params == {"gate_up_proj": (2 * 32, 64), "down_proj": (64, 32)},
+       "Q2: a Qwen3-MoE's experts are moe_intermediate_size = 32 wide (gate and up 32 each), not intermediate_size",
+       seen=s.spec.experts.expert_params)
 # %%
 s.load_model(mixtral)
 s.apply(Plan(dp=2, tp=2, ep=2, batch_size=8, seq_len=32, lr=3e-4))
