@@ -39,9 +39,13 @@ except ValueError as err:
     under_tp4 = str(err)
 print(f"greedy tokens unchanged: int8 {q[0].agreement:.0%}, int4 {q4[0].agreement:.0%}; under tp4: {under_tp4}")
 # %%
-expect(all(0 <= r.agreement <= 1 for r in q4) and q4[0].params_after < q[0].params_after,
-       "Q3: int4 reports how many greedy tokens stay, and shrinks the linears further than int8",
-       seen=f"{q4[0].agreement:.0%} unchanged; {mib(q[0].params_after)} -> {mib(q4[0].params_after)}")
+# 16 levels a weight against int8's 256: int4 keeps fewer greedy tokens; on CPU torchao stores each int4
+# value in a byte, with a scale per group of 32 (plan.inference.QUANT_SCHEMES), so it saves no bytes here
+kept8, kept4 = (sum(r.agreement for r in recs) / len(recs) for recs in (q, q4))
+expect(kept4 <= kept8 and q4[0].params_after >= q[0].params_after,
+       "Q3: int4 changes at least as many greedy tokens as int8, and on CPU (a byte a value, a scale per 32) "
+       "holds no fewer bytes", seen=f"{kept8:.0%} -> {kept4:.0%} unchanged; "
+                                    f"{mib(q[0].params_after)} -> {mib(q4[0].params_after)}")
 expect(under_tp4 is not None and "groups of 32 input features" in under_tp4 and s.quantization is None,
        "Q3: under Plan(tp=4) int4 is refused before any rank runs: o_proj's 64 input features split in 4 hold "
        "no whole group of 32", seen=under_tp4)
