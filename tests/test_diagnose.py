@@ -151,3 +151,17 @@ def test_a_timeout_says_which_ranks_reached_which_collective_and_where_the_runni
     assert "rank 2 still running: in all_reduce at train.py:120 in forward [model.layers.3.mlp]" in text
     # without a timeout (a rank raised on its own) nothing is asked or said
     assert "first mismatch" not in str(explain(err(0, "ValueError", "bad"), ev(collectives=colls)).error)
+
+
+def test_a_number_no_member_holds_is_no_mismatch():
+    """Seen serving twice under dp2 x tp2 (notebook 08's question 2): the groups' records skip numbers
+    on every rank, and the diagnosis raised ValueError (min of nothing) in place of the rank's error."""
+    from interactive_parallel.records.stacks import CollectiveRecord, first_mismatch
+
+    def c(rank, seq):
+        return CollectiveRecord(rank=rank, group="tp", seq=seq, op="broadcast", state="completed", ranks=[0, 1],
+                                in_sizes=[[3]], time=float(seq))
+
+    assert first_mismatch([c(r, s) for r in (0, 1) for s in (1, 2, 5)]) is None
+    found = first_mismatch([c(r, s) for r in (0, 1) for s in (1, 2, 5)] + [c(0, 6)])
+    assert (found.seq, found.behind) == (6, {1: 5})

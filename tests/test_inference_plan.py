@@ -46,6 +46,11 @@ def test_quantization_problems_name_the_plan_and_the_reason():
     assert "plan fsdp2: FSDP gathers" in quantization_problems(Plan(fsdp=2), "int8-weight-only", LLAMA)[0]
     assert "plan tp2: int8-dynamic" in quantization_problems(Plan(tp=2), "int8-dynamic", LLAMA)[0]
     assert "Conv1D" in quantization_problems(Plan(), "int8-weight-only", GPT2)[0]
+    # int4's groups of 32 input features: o_proj's 64 split in 4 is 16 a rank (notebook 08's question 3)
+    assert quantization_problems(Plan(tp=4), "int4-weight-only", LLAMA) == [
+        "plan tp4: int4-weight-only quantizes groups of 32 input features, and under tp(4) a rowwise linear's "
+        "slice holds no whole number of groups: self_attn.o_proj (64 input features: 16 a rank); a smaller tp, "
+        "or int8-weight-only, can"]
     assert set(QUANT_SCHEMES) == {"int8-weight-only", "int8-dynamic", "int4-weight-only"}
 
 

@@ -2,6 +2,10 @@
 claim it checks with `interactive_parallel.lessons.expect` holds: a claim that no longer holds
 fails the test with the notebook's name and the claim's own words.
 
+Each notebook's closing prompts ("Questions to try", "**Try:**") run too, on the notebook's own
+session, with a check of what each says happens: tests/notebook_questions.py splices in the cells of
+its sidecar (tests/questions/<notebook>.py) before it runs.
+
 Notebooks are committed without outputs (checked here too, so they stay small in git).
 
 The tour (00) is executed once, by tests/test_binder.py in the environment Binder builds, with
@@ -17,6 +21,8 @@ import pytest
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
+from notebook_questions import inject, sidecar
+
 pytestmark = pytest.mark.notebook
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 TOUR = "00_tour"
@@ -30,11 +36,13 @@ def test_notebook_runs_without_errors(path, tmp_path):
 
 
 def run_notebook(path: Path, tmp_path: Path, kernel: str = "python3") -> None:
-    """Execute `path` headless in `kernel`: committed without outputs, no error output, every
-    expect() claim holds (a failed one names the notebook and the claim), at least one checked.
+    """Execute `path` headless in `kernel`, its sidecar's prompts spliced in: committed without
+    outputs, no error output, every expect() claim holds (a failed one names the notebook and the claim), at least one checked.
     The executed copy lands in `tmp_path`."""
     nb = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
+    if sidecar(path).exists():
+        inject(nb, sidecar(path))        # its closing prompts, run on its own session (notebook_questions.py)
     client = NotebookClient(nb, timeout=600, kernel_name=kernel, resources={"metadata": {"path": str(path.parent)}})
     try:
         client.execute()

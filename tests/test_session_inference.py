@@ -62,6 +62,10 @@ def test_served_texts_equal_each_request_generated_alone(s, fields, engine):
     assert max(st.kv_bytes for st in result.steps) > 0 and max(st.running for st in result.steps) > 1
     assert kept == result.steps and {st.engine for st in kept} == {engine}
     assert all(0 <= st.comm_s <= st.time_s for st in kept)
+    # a second engine on the same tp groups (notebook 08's question 2 reruns its serving cell): its gloo
+    # group is named apart from the first's (runtime.inference.serve_transformers._named_apart)
+    again = s.serve(reqs[:2], max_batch=2)
+    assert again.engine == engine and again.texts == {r.id: result.texts[r.id] for r in reqs[:2]}
 
 
 def test_continuous_batching_needs_fewer_steps_than_static(s):

@@ -93,7 +93,35 @@ def quantization_problems(plan: Plan, scheme: str, spec: ModelSpec) -> list[str]
     if scheme == "int8-dynamic" and plan.tp > 1:
         problems.append(f"plan {plan.describe()}: int8-dynamic's int8 matmul (aten._int_mm) has no DTensor "
                         "sharding rule, so it cannot run on tensor-parallel weights; int8-weight-only can")
+    if scheme == "int4-weight-only" and plan.tp > 1:
+        problems += _int4_groups_split(plan, spec)
     return problems
+
+
+INT4_GROUP = 32
+"""Input features per int4 scale (runtime.inference.quantize: torchao's PerGroup(32))."""
+
+
+def _int4_groups_split(plan: Plan, spec: ModelSpec) -> list[str]:
+    """int4 groups a weight's input features by INT4_GROUP; a rowwise linear holds its input features
+    split over tp, and DTensor cannot view a split dimension as groups unless each rank holds whole
+    groups, the same number each (measured: tiny-llama's o_proj under tp=4, 64 features in 4 slices
+    of 16, raised in torchao's reshape on every rank)."""
+    from .tp_styles import tp_style
+
+    fam, narrow = spec.family_info, []
+    for pattern, style in fam.tp_plan.items():
+        block = pattern.split(".*.", 1)[-1]
+        linear = fam.linears.get(block)
+        if linear is not None and tp_style(style).shards == "input":
+            width = spec.width(linear.in_width)
+            if width % (INT4_GROUP * plan.tp):
+                narrow.append(f"{block} ({width} input features: {width / plan.tp:g} a rank)")
+    if not narrow:
+        return []
+    return [f"plan {plan.describe()}: int4-weight-only quantizes groups of {INT4_GROUP} input features, and under "
+            f"tp({plan.tp}) a rowwise linear's slice holds no whole number of groups: {', '.join(narrow)}; "
+            f"a smaller tp, or int8-weight-only, can"]
 
 
 def request_problems(requests: Sequence[Any], spec: ModelSpec, *, max_batch: int = 8,

@@ -184,6 +184,8 @@ def first_mismatch(collectives: list[CollectiveRecord]) -> Mismatch | None:
             for r, seqs in sorted(per_rank.items()):
                 if seq in seqs:
                     issued.setdefault((seqs[seq].op, str(seqs[seq].in_sizes), seqs[seq].state), []).append(r)
+            if not issued:
+                continue  # a number no member holds (the ring dropped it everywhere): nothing to compare
             behind = {r: max(seqs) for r, seqs in per_rank.items() if seq not in seqs}
             if behind or (not p2p and len({(op, sizes) for op, sizes, _ in issued}) > 1):
                 when = min(per_rank[rs[0]][seq].time for rs in issued.values())

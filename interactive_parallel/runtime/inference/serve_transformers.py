@@ -9,13 +9,15 @@ engine step) reads the engine's scheduler and cache for the step's DecodeStep: r
 waiting requests, KV bytes used of the paged cache, and the comm ledger's share of the step.
 Under TP the engine's own driver (tp rank 0) takes the requests and broadcasts them to its
 TP peers (transformers' DistributedHelper); this module only tells it where the mesh and
-the TP plan are, as transformers' own TP loading would have left them on the model.
+the TP plan are, as transformers' own TP loading would have left them on the model, and gives
+the engine's gloo group a name of its own each time (`_named_apart`).
 A fault armed for the call (runtime.rank.faults) fires in the main thread: at its start and
 after each engine step the main thread hands on (the engine runs ahead in its own thread).
 Knows nothing of when this engine is chosen (plan/inference.py) or of the client.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -85,6 +87,32 @@ class _StepProbe:
             h.remove()
 
 
+@contextlib.contextmanager
+def _named_apart(par: Parallelized):
+    """While transformers starts an engine: its TP peers' gloo group gets a name no earlier engine's
+    had. transformers makes that group on every start, and when it is not the whole world (dp x tp)
+    torch names it by a hash of its ranks alone, so a second engine's group met the first one's
+    rendezvous keys in the store and connected to closed sockets ("Connection refused", notebook
+    08's second serve under dp2 x tp2). The suffix is drawn on tp rank 0 and broadcast over the tp
+    group, so the group's ranks agree on it, a replacement rank included."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if par.plan.tp == 1:
+        yield
+        return
+    tag = torch.randint(0, 2 ** 62, (1,)) if par.mesh["tp"].get_local_rank() == 0 else torch.zeros(1, dtype=torch.int64)
+    tp = par.mesh["tp"].get_group()
+    dist.broadcast(tag, group=tp, group_src=0)
+    hashed = c10d._hash_ranks_to_str
+    c10d._hash_ranks_to_str = lambda ranks: f"{hashed(ranks)}_engine{int(tag)}"
+    try:
+        yield
+    finally:
+        c10d._hash_ranks_to_str = hashed
+
+
 def serve_transformers(par: Parallelized, requests: list[Request], mine: list[int], *, rank: int,
                        max_batch: int, kv_tokens: int | None, leader: bool,
                        boundary: Boundary) -> tuple[list[RequestRecord], float]:
@@ -95,7 +123,8 @@ def serve_transformers(par: Parallelized, requests: list[Request], mine: list[in
     if par.plan.tp > 1:
         model._device_mesh, model._tp_plan = par.mesh, dict(par.spec.family_info.tp_plan)
     gen, cb = _configs(par, requests, mine, max_batch, kv_tokens)
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    with _named_apart(par):
+        manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     probe = _StepProbe(par, manager, rank)
     records: dict[str, RequestRecord] = {}
     by_id = {requests[i].id: i for i in mine}
