@@ -222,8 +222,8 @@ def _partial_outputs(par, held: dict) -> list[LintFinding]:
     prefix = par.spec.family_info.layers_path + "."
     layer_ids = sorted({int(n[len(prefix):].split(".")[0]) for n in held if n.startswith(prefix)})
     styles = layer_tp_plan(par.spec, layer_ids, par.plan.sequence_parallel)
-    if par.plan.loss_parallel:
-        styles.update(vocab_tp_plan(par.spec))
+    if par.plan.vocab_split:
+        styles.update(vocab_tp_plan(par.spec, loss_parallel=par.plan.loss_parallel))
     out = []
     for path, style in styles.items():
         layouts = getattr(style, "output_layouts", None)

@@ -209,21 +209,29 @@ def _permute_fused(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> dic
     return perms
 
 
-def vocab_tp_plan(spec: ModelSpec, *, embedding: bool = True, head: bool = True) -> dict[str, nn.Module]:
-    """Module path -> ParallelStyle of the vocabulary ends under loss parallel.
+def vocab_tp_plan(spec: ModelSpec, *, loss_parallel: bool = False, sequence_parallel: bool = False,
+                  embedding: bool = True, head: bool = True) -> dict[str, nn.Module]:
+    """Module path -> ParallelStyle of the vocabulary ends (Plan.vocab_split): the model's own TP
+    plan (transformers' 'embedding_rowwise' and 'colwise_gather_output', torchtitan's).
 
     Embedding: ids [b, s] (replicated) -> each rank looks up its vocab rows, zeros elsewhere,
-    all-reduced -> [b, s, h] whole (sequence parallelism cuts it at the first layer, as it
-    does without). Head: [b, s, h] whole (the last layer gathers the sequence) ->
-    [b, s, vocab/tp] kept as a DTensor Shard(-1): the loss and the greedy pick read it split.
+    all-reduced -> [b, s, h] whole (sequence parallelism cuts it at the first layer: see the
+    module docstring). Head: [b, s, h] whole -> [b, s, vocab/tp], all-gathered to [b, s, vocab]
+    for the plain loss, or (loss_parallel) kept as a DTensor Shard(-1) that the loss and the
+    greedy pick read split. Under sequence parallelism the final norm runs on sequence shards and
+    the head takes [b, s/tp, h], gathered once at its input ([b, s, h]), as torchtitan does.
     """
     fam = spec.family_info
     plan: dict[str, nn.Module] = {}
     if embedding:
         plan[fam.embedding_path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if head:
-        plan[fam.lm_head_path] = Colwise(transposed=False, input_layouts=Replicate(), output_layouts=Shard(-1),
-                                         use_local_output=False)
+        logits = dict(output_layouts=Shard(-1), use_local_output=False) if loss_parallel else \
+            dict(output_layouts=Replicate())
+        plan[fam.lm_head_path] = Colwise(transposed=False, input_layouts=Shard(1) if sequence_parallel else Replicate(),
+                                         **logits)
+        if sequence_parallel:
+            plan[fam.final_norm_path] = SequenceParallel(use_local_output=True)  # [b, s/tp, h] in and out
     return plan
 
 
@@ -249,9 +257,9 @@ def _shard_embedding_grad(module: nn.Module, _args) -> None:
 
 
 def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False,
-             loss_parallel: bool = False) -> dict:
-    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place (and under
-    `loss_parallel` the token embedding and LM head on the vocabulary).
+             vocab_split: bool = True, loss_parallel: bool = False) -> dict:
+    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place, and (vocab_split:
+    Plan.vocab_split) the token embedding and the LM head on the vocabulary.
 
     Returns {param name: (dim, permutation)} for fused weights whose sharded logical
     layout differs from the checkpoint layout (full_state_dict undoes it).
@@ -261,25 +269,32 @@ def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_par
     plan = layer_tp_plan(spec, layer_ids, sequence_parallel)
     if sequence_parallel:
         plan.update(_sp_plan(spec, layer_ids))
-    if loss_parallel:
-        plan.update(vocab_tp_plan(spec))
+    # The head takes the last layer's sequence shards only where that layer is held with it (the
+    # last stage); a rank without the model's last layer keeps its runs' ends whole.
+    sp_head = sequence_parallel and vocab_split and spec.num_layers - 1 in layer_ids
+    if vocab_split:
+        plan.update(vocab_tp_plan(spec, loss_parallel=loss_parallel, sequence_parallel=sp_head))
     parallelize_module(model, mesh, plan, src_data_rank=None)
-    if loss_parallel:
+    if vocab_split:
         if spec.tied_embeddings:
             _retie(model, spec)
         model.get_submodule(spec.family_info.embedding_path).register_forward_pre_hook(_shard_embedding_grad)
     localize_attention(model, spec, layer_ids, tp)
     if sequence_parallel:
-        _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh)
+        _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh,
+                             head_gathers=spec.num_layers - 1 if sp_head else None)
     return perms
 
 
-def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> None:
+def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh, *,
+                         head_gathers: int | None = None) -> None:
     """Between sequence-parallel layers the residual stream is (batch, seq / tp, hidden).
 
     It is cut at the first layer of each run of sharded layers and gathered after the last,
-    so embeddings, the final norm and the LM head (and pipeline stage boundaries) keep
-    seeing the whole sequence. DTensor redistribute gives both cuts the right backward.
+    so the embeddings (and pipeline stage boundaries) keep seeing the whole sequence; layer
+    `head_gathers` (the model's last, when the final norm and the head run sequence-parallel,
+    vocab_tp_plan) hands its shards on as they are: the head's input gathers them once.
+    DTensor redistribute gives both cuts the right backward.
     """
     from torch.distributed.tensor import DTensor
 
@@ -310,5 +325,5 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     for i in layer_ids:
         if i - 1 not in ids:
             layers[i].register_forward_pre_hook(cut, with_kwargs=True)
-        if i + 1 not in ids:
+        if i + 1 not in ids and i != head_gathers:
             layers[i].register_forward_hook(gather)
