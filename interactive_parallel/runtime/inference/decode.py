@@ -126,12 +126,9 @@ def forward_last(par: Parallelized, ids: torch.Tensor, mask: torch.Tensor, posit
         with whole_sequence():
             logits = par.cp_model(ids, attention_mask=mask, position_ids=positions, cache=caches[0])[:, last]
     elif _wrapped_root(par):
-        # Under sequence parallelism the final norm's output is this rank's sequence shard (the head
-        # gathers it): transformers' logits_to_keep would slice the shard, so every position is kept.
-        keep = 0 if par.plan.sequence_parallel and par.plan.vocab_split else extra + 1
         out = par.raw(input_ids=ids, attention_mask=mask, position_ids=positions, cache=caches[0], use_cache=True,
-                      logits_to_keep=keep)
-        logits = out.logits[:, last if keep == 0 else 0]
+                      logits_to_keep=extra + 1)
+        logits = out.logits[:, 0]
     else:
         logits = _whole_stage(par)(ids, attention_mask=mask, position_ids=positions, cache=caches[0])[:, last]
     if extra:
