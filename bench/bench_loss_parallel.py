@@ -1,11 +1,12 @@
 """Loss parallel's memory: the head's activation and the vocabulary weights per rank, with and without it.
 
 Runs one fp32 training step of a tiny Llama with a wide vocabulary (the preset's blocks, vocab_size
---vocab) on spawned gloo ranks under tp, with and without `loss_parallel`, and prints per rank
+--vocab) on spawned gloo ranks under tp with the ends whole (vocab_parallel=False), split (tp's
+default: the logits gathered for the loss) and split with `loss_parallel`, and prints per rank
 the measured activation peak (the memory probe), the prediction (plan.estimate), the head's part
 of the prediction (the final norm, the head's input, the fp32 log-probabilities and targets:
 plan.activations.once_per_forward) and the parameter bytes (the embedding and head are split on
-the vocabulary under loss parallel). docs/layouts.md's loss-parallel table quotes it.
+the vocabulary but with vocab_parallel=False). docs/layouts.md's loss-parallel table quotes it.
 Run: .venv/bin/python bench/bench_loss_parallel.py [--vocab 8192] [--tp 2] [--batch 8] [--seq 64]
 Knows nothing of pytest; spawned ranks come from tests/mp_harness.py.
 """
@@ -37,7 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     base = PRESETS["tiny-llama"]
     spec = dataclasses.replace(base, name=f"tiny-llama-v{args.vocab}", config={**base.config, "vocab_size": args.vocab})
-    plans = {f"tp{args.tp}": dict(tp=args.tp), f"tp{args.tp} loss-parallel": dict(tp=args.tp, loss_parallel=True)}
+    plans = {f"tp{args.tp} whole-vocab": dict(tp=args.tp, vocab_parallel=False), f"tp{args.tp}": dict(tp=args.tp),
+             f"tp{args.tp} loss-parallel": dict(tp=args.tp, loss_parallel=True)}
     configs = [(label, spec, dict(fields, batch_size=args.batch, seq_len=args.seq)) for label, fields in plans.items()]
     ranks = run_ranks(W.one_step_records, args.tp, configs, "fp32", timeout_s=900)
     print(f"{spec.name}, batch {args.batch}x{args.seq}, fp32, rank 0 (every tp rank holds the same)")

@@ -93,7 +93,7 @@ def test_autocast_halves_matmul_tensors_and_copies_each_linear_input_and_weight(
     block = 4 * H * H + 3 * H * I
     assert weight_elements(LLAMA, bf16, 0, last=True) == 4 * block + 128 * H
     assert weight_elements(LLAMA, Plan(fsdp=4, precision="bf16"), 3, last=True) == 4 * block + 128 * H
-    assert weight_elements(LLAMA, Plan(tp=2, precision="bf16"), 1, last=True) == 4 * block // 2 + 128 * H
+    assert weight_elements(LLAMA, Plan(tp=2, precision="bf16"), 1, last=True) == 4 * block // 2 + 128 * H // 2
 
 
 @pytest.mark.pure

@@ -118,6 +118,45 @@ def test_llamas_hand_entry_is_what_transformers_derives():
         assert getattr(derived.facts, field) == getattr(hand, field), field
 
 
+SHARDED_DIM = {"colwise": 0, "colwise_gather_output": 0, "embedding_rowwise": 0, "rowwise": 1}
+"""The weight dim each of transformers' styles on these families splits (its distributed/tensor_parallel.py);
+a style not listed keeps the weight whole ('replicated_with_grad_allreduce': Qwen3's per-head norms)."""
+
+
+@pytest.mark.rank1
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "mistral"])
+@pytest.mark.parametrize("tp", [2, 4])
+def test_every_shard_is_the_shape_transformers_own_tp_plan_gives(model_type, tp):
+    """Our layout under tp against transformers' tp_plan="auto" (the model's resolved plan, the
+    vocabulary ends included: 'embedding_rowwise', 'colwise_gather_output'), parameter by parameter;
+    Plan(vocab_parallel=False) differs from it in exactly the two ends."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    from interactive_parallel import Plan
+
+    spec = PRESETS["tiny-llama"] if model_type == "llama" else spec_of(model_type)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**spec.config))
+    styles, _, _ = model._resolve_parallel_plans(DistributedConfig(tp_size=tp))
+
+    def theirs(name, shape):
+        dim, out = SHARDED_DIM.get(styles.get(name) or "", None), list(shape)
+        if dim is not None:
+            out[dim] //= tp
+        return tuple(out)
+
+    def ours(plan):
+        return {p.name: tuple(n // tp if d == p.split_dim(plan) else n for d, n in enumerate(p.shape))
+                for p in param_inventory(spec)}
+
+    hf = {n: theirs(n, p.shape) for n, p in model.named_parameters()}
+    assert ours(Plan(tp=tp)) == hf
+    whole = ours(Plan(tp=tp, vocab_parallel=False))
+    assert sorted(n for n in hf if hf[n] != whole[n]) == ["lm_head.weight", "model.embed_tokens.weight"]
+
+
 @pytest.mark.rank1
 @pytest.mark.parametrize("config, words", [
     (dict(BASE, model_type="llama", hidden_size=65, head_dim=None), "(?s)transformers refuses.*not a multiple"),

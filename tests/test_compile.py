@@ -52,11 +52,15 @@ def test_compile_is_off_by_default_and_refused_only_where_it_cannot_run():
 
 @pytest.mark.pure
 def test_compiling_changes_no_predicted_byte():
+    """Beside the eager plan with the same layout: a compiled plan keeps the vocabulary ends whole
+    under tp (Plan.vocab_split says why), so its eager twin is vocab_parallel=False."""
     from interactive_parallel.plan.estimate import predict_memory
 
     spec = PRESETS[LLAMA]
+    assert not Plan(tp=2, compile=True).vocab_split and Plan(tp=2, compile=True, loss_parallel=True).vocab_split
     for fields in (dict(dp=2, tp=2), dict(fsdp=4), dict(pp=2, dp=2)):
-        assert predict_memory(spec, Plan(**fields, compile=True)) == predict_memory(spec, Plan(**fields))
+        eager = Plan(**fields, vocab_parallel=False)
+        assert predict_memory(spec, Plan(**fields, compile=True)) == predict_memory(spec, eager)
 
 
 @pytest.mark.pure
@@ -118,7 +122,7 @@ def test_the_dry_run_of_a_compiled_plan_is_the_eager_ones_and_compiles_nothing()
     from interactive_parallel.runtime.client.dryrun import dry_run
 
     before = _graphs()
-    got, ref = dry_run(LLAMA, Plan(dp=2, tp=2, compile=True)), dry_run(LLAMA, Plan(dp=2, tp=2))
+    got, ref = dry_run(LLAMA, Plan(dp=2, tp=2, compile=True)), dry_run(LLAMA, Plan(dp=2, tp=2, vocab_parallel=False))
     assert _graphs() == before
     for rank in ref.simulated:
         a, b = got.simulated[rank], ref.simulated[rank]

@@ -198,20 +198,22 @@ def test_a_parameter_across_every_rank_tiles_the_whole_tensor():
 
 @pytest.mark.rank1
 @pytest.mark.parametrize("model,head", [("tiny-llama", "lm_head.weight"), ("tiny-gpt2", None)])
-def test_loss_parallel_splits_the_embedding_and_head_on_the_vocabulary(model, head):
+def test_tp_splits_the_embedding_and_head_on_the_vocabulary(model, head):
     """The layout view's records: each tp rank holds its half of the vocabulary rows of the token
-    embedding and the LM head (GPT-2's tied pair: one weight, split once); without loss parallel
-    both are whole on every tp rank. (tests/test_dryrun's live comparison holds these records
-    equal to a live run's.)"""
+    embedding and the LM head (GPT-2's tied pair: one weight, split once), with loss parallel or
+    without; Plan(vocab_parallel=False) keeps both whole on every tp rank. (tests/test_dryrun's
+    live comparison holds these records equal to a live run's.)"""
     from interactive_parallel import dry_run
 
     embed = PRESETS[model].family_info.embedding_path + ".weight"
-    for lp, rows in ((True, [[0, 64], [64, 128]]), (False, [[0, 128], [0, 128]])):
-        d = dry_run(model, Plan(tp=2, loss_parallel=lp, batch_size=4, seq_len=16))
+    for fields, rows in ((dict(loss_parallel=True), [[0, 64], [64, 128]]), ({}, [[0, 64], [64, 128]]),
+                         (dict(vocab_parallel=False), [[0, 128], [0, 128]])):
+        d = dry_run(model, Plan(tp=2, batch_size=4, seq_len=16, **fields))
+        split = Plan(tp=2, **fields).vocab_split
         for name in filter(None, (embed, head)):
             shards = sorted(d.layout(param=name), key=lambda s: s.rank)
-            assert [s.index[0] for s in shards] == rows, (lp, name)
-            if lp:
+            assert [s.index[0] for s in shards] == rows, (fields, name)
+            if split:
                 assert all(s.placements == ["Shard(dim=0)"] and s.mesh_axes == ["tp"] for s in shards), name
         names = {s.param for s in d.layout(rank=0)}
         assert (head in names) if head else ("lm_head.weight" not in names)

@@ -55,29 +55,38 @@ def test_tp_shards_only_the_plan_linears():
     tp = {p.name: held for p, held, _ in local_tensors(LLAMA, Plan(tp=2), 0)}
     assert tp["model.layers.0.self_attn.q_proj.weight"] == 64 * 64 // 2
     assert tp["model.layers.0.mlp.down_proj.weight"] == 64 * 256 // 2
-    assert tp["model.embed_tokens.weight"] == 128 * 64 and tp["model.norm.weight"] == 64
+    assert tp["model.embed_tokens.weight"] == tp["lm_head.weight"] == 128 * 64 // 2  # on the vocabulary
+    assert tp["model.norm.weight"] == 64
+    whole = {p.name: held for p, held, _ in local_tensors(LLAMA, Plan(tp=2, vocab_parallel=False), 0)}
+    assert whole["model.embed_tokens.weight"] == whole["lm_head.weight"] == 128 * 64
 
 
-def test_loss_parallel_splits_the_vocabulary_weights_and_adds_five_all_reduces():
-    """Embedding and head 1/tp per rank (GPT-2's tied pair counted once); the two extra tp
-    all-reduces of a [tokens, h] activation and the cross-entropy's three of a [tokens] one, as
-    the comm ledger measured them (tp2, 8x64: 28 -> 33 all-reduces, 3670016 -> 3932160 + 3 * 2048
-    bytes)."""
-    lp = {p.name: held for p, held, _ in local_tensors(LLAMA, Plan(tp=2, loss_parallel=True), 1)}
-    assert lp["model.embed_tokens.weight"] == lp["lm_head.weight"] == 128 * 64 // 2
-    assert lp["model.layers.0.input_layernorm.weight"] == 64
-    tied = [p.name for p, _, _ in local_tensors(GPT2, Plan(tp=2, loss_parallel=True), 0)]
-    assert tied.count("transformer.wte.weight") == 1 and "lm_head.weight" not in tied
-    assert predict_memory(LLAMA, Plan(tp=2, loss_parallel=True))[0].params == 559360  # measured by the probe
-    tp = [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2), 0)]
-    assert tp == [("all_reduce", "tp", 28, 3670016)]
-    assert [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2, loss_parallel=True), 0)] == \
-        [("all_reduce", "tp", 33, 3938304)]
-    # bf16 autocast: the 8 rowwise outputs (2 a layer) in bf16, the 20 input gradients in fp32
-    assert [(e.count, e.bytes) for e in predict_comms(LLAMA, Plan(tp=2, precision="bf16"), 0)] == \
-        [(28, 8 * 131072 // 2 + 20 * 131072)]
+def test_the_vocabulary_ends_split_and_their_collectives():
+    """Embedding and head 1/tp per rank (GPT-2's tied pair counted once), as the model's own TP plan
+    has them; their two tp all-reduces of a [tokens, h] activation (the embedding's output, the
+    head's input gradient) and the head's logits all-gathered, or under loss parallel the
+    cross-entropy's three all-reduces of a [tokens] one instead, as the comm ledger measured
+    them (tp2, 8x64: 28 -> 30 all-reduces and one [8, 64, 128] gather; loss parallel 33 all-reduces,
+    3670016 -> 3932160 + 3 * 2048 bytes). vocab_parallel=False keeps both whole: no end collective."""
+    for plan in (Plan(tp=2), Plan(tp=2, loss_parallel=True)):
+        lp = {p.name: held for p, held, _ in local_tensors(LLAMA, plan, 1)}
+        assert lp["model.embed_tokens.weight"] == lp["lm_head.weight"] == 128 * 64 // 2
+        assert lp["model.layers.0.input_layernorm.weight"] == 64
+        tied = [p.name for p, _, _ in local_tensors(GPT2, plan, 0)]
+        assert tied.count("transformer.wte.weight") == 1 and "lm_head.weight" not in tied
+        assert predict_memory(LLAMA, plan)[0].params == 559360  # measured by the probe
+    comms = lambda plan: [(e.op, e.axis, e.count, e.bytes) for e in predict_comms(LLAMA, plan, 0)]  # noqa: E731
+    assert comms(Plan(tp=2, vocab_parallel=False)) == [("all_reduce", "tp", 28, 3670016)]
+    assert comms(Plan(tp=2)) == [("all_reduce", "tp", 30, 3932160), ("all_gather", "tp", 1, 8 * 64 * 128 * 4)]
+    assert comms(Plan(tp=2, loss_parallel=True)) == [("all_reduce", "tp", 33, 3938304)]
+    # bf16 autocast: the 8 rowwise outputs (2 a layer) in bf16, the 20 input gradients and the
+    # embedding's output in fp32 (an embedding is not autocast), the logits in bf16
+    assert comms(Plan(tp=2, precision="bf16", vocab_parallel=False)) == [
+        ("all_reduce", "tp", 28, 8 * 131072 // 2 + 20 * 131072)]
+    assert comms(Plan(tp=2, precision="bf16")) == [("all_reduce", "tp", 30, 8 * 131072 // 2 + 22 * 131072),
+                                                   ("all_gather", "tp", 1, 8 * 64 * 128 * 2)]
     # full recomputation repeats a block's rowwise all-reduces but its last (torch's checkpoint stops early)
-    assert [e.count for e in predict_comms(LLAMA, Plan(tp=2, recompute="full"), 0)] == [28 + 4]
+    assert [e.count for e in predict_comms(LLAMA, Plan(tp=2, recompute="full", vocab_parallel=False), 0)] == [28 + 4]
 
 
 def test_pipeline_ownership_and_tied_head():
@@ -104,11 +113,12 @@ def test_comms_rules():
     pp = {d.op: d for d in predict_comms(LLAMA, Plan(pp=2, dp=2, batch_size=8, seq_len=32))}
     assert pp["send"].bytes == 4 * 32 * 64 * 4  # 4 rows per dp rank, fp32 hidden states
     tp = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, dp=2))}
-    assert tp[("all_reduce", "tp")].count == 4 * 7  # 2 rowwise forward + 5 colwise backward per layer
+    # 2 rowwise forward + 5 colwise backward per layer, and the vocabulary ends' two
+    assert tp[("all_reduce", "tp")].count == 4 * 7 + 2
     # under a pipeline every microbatch passes its stage's layers: m times the calls, each 1/m of
-    # the bytes (half the layers of twice the rows: tp2 x dp2's bytes)
+    # the bytes (half the layers of twice the rows, and one end of the two: tp2 x dp2's bytes)
     piped = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(tp=2, pp=2, microbatches=4))}
-    assert piped[("all_reduce", "tp")].count == 4 * 2 * 7 and \
+    assert piped[("all_reduce", "tp")].count == 4 * (2 * 7 + 1) and \
         piped[("all_reduce", "tp")].bytes == tp[("all_reduce", "tp")].bytes
     ring = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(cp=4, cp_method="ring"))}
     assert ("all_gather", "cp") not in ring  # 3 K|V hops forward, 3 K|V + 4 dK|dV hops backward, per layer

@@ -73,10 +73,13 @@ def test_loss_parallel_cross_entropy_all_reduces_are_recorded(beside, label):
 
 def test_sequence_parallel_norm_gradients_are_reduced_where_the_ledger_sees_it(beside):
     """Sequence parallel: a norm's replicated weight meets sequence-split activations, so its
-    gradient comes out Partial and DTensor all-reduces it (hidden 64, fp32), in its dispatch."""
+    gradient comes out Partial and DTensor all-reduces it (hidden 64, fp32), in its dispatch; the
+    other two all-reduces are the vocabulary ends' (the embedding's output, the head's input
+    gradient: [tokens, 64] each)."""
     for rank, got in beside["llama-tp2-sp"].items():
         assert collections.Counter(got["ledger"])[("all_reduce", 64 * 4, (0, 1))] > 0, rank
-        assert all(op != "all_reduce" or nbytes == 64 * 4 for op, nbytes, _ in got["ledger"]), rank
+        ends = [nbytes for op, nbytes, _ in got["ledger"] if op == "all_reduce" and nbytes != 64 * 4]
+        assert len(ends) == 2 and len(set(ends)) == 1 and ends[0] % (64 * 4) == 0, rank
 
 
 # ---------------------------------------------------------------- causes
@@ -101,9 +104,25 @@ def test_every_collective_has_a_cause_and_tracing_changes_no_number(beside, labe
         assert all(c.module == c.needed_by == c.placements == c.phase == "" and c.implicit is None for c in untraced)
 
 
+VOCAB_ENDS = ("model.embed_tokens", "lm_head")
+
+
+def _check_vocab_ends(recs: list[CommRecord]) -> None:
+    """The vocabulary-split embedding's output summed over tp in its output hook (a MaskPartial,
+    explicit), the head's input gradient all-reduced in backward, and (no loss parallel) its
+    logits all-gathered in its output hook."""
+    embed = [c for c in recs if c.module == "model.embed_tokens"]
+    assert [(c.op, c.placements, c.implicit) for c in embed] == [("all_reduce", "MaskP(sum) -> R on tp", False)]
+    head = sorted((c.op, c.phase, c.placements) for c in recs if c.module == "lm_head")
+    assert head == [("all_gather", "forward", "S(2) -> R on tp"), ("all_reduce", "backward", "P(sum) -> R on tp")], head
+
+
 def _check_tp(recs: list[CommRecord]) -> None:
     """RowwiseParallel all-reduces its output (P -> R, in the linear's forward hook);
-    ColwiseParallel's input, made with from_local, gets its gradient all-reduced in backward."""
+    ColwiseParallel's input, made with from_local, gets its gradient all-reduced in backward.
+    The vocabulary ends' own are checked apart (_check_vocab_ends)."""
+    _check_vocab_ends(recs)
+    recs = [c for c in recs if c.module not in VOCAB_ENDS]
     fwd = [c for c in recs if c.phase == "forward"]
     bwd = [c for c in recs if c.phase == "backward"]
     assert len(fwd) == 8 and len(bwd) == 20
@@ -138,18 +157,20 @@ def test_sequence_parallel_and_its_norm_gradient_reductions(beside):
     shows that with the reduction off); under dp x tp, replicate reduces it once, explicitly,
     after backward. Nothing of the step is implicit."""
     recs = _traced(beside, "llama-tp2-sp")
-    gathers = [c for c in recs if c.op == "all_gather" and c.phase == "forward"]
+    _check_vocab_ends(recs)
+    gathers = [c for c in recs if c.op == "all_gather" and c.phase == "forward" and c.module not in VOCAB_ENDS]
     assert {c.module.rsplit(".", 1)[-1] for c in gathers} >= {"self_attn", "mlp"}
     assert all(c.placements == "S(1) -> R on tp" and c.implicit is False for c in gathers)
     scatters = [c for c in recs if c.op == "reduce_scatter" and c.phase == "forward"]
     assert all(c.module.endswith(("o_proj", "down_proj")) and c.placements == "P(sum) -> S(1) on tp" for c in scatters)
-    norms = [c for c in recs if c.op == "all_reduce"]
+    norms = [c for c in recs if c.op == "all_reduce" and c.module not in VOCAB_ENDS]
     assert len(norms) == 8 and all(c.phase == "backward" and c.implicit is False and c.needed_by == "redistribute" and
                                    c.placements == "P(sum) -> R on tp" for c in norms)
     assert collections.Counter(c.module.rsplit(".", 1)[-1] for c in norms) == \
         {"input_layernorm": 4, "post_attention_layernorm": 4}
     assert not any(c.implicit for c in recs)
-    replicated = [c for c in _traced(beside, "llama-dp2xtp2-sp") if c.op == "all_reduce" and c.axis == "tp"]
+    replicated = [c for c in _traced(beside, "llama-dp2xtp2-sp") if c.op == "all_reduce" and c.axis == "tp"
+                  and c.module not in VOCAB_ENDS]
     assert len(replicated) == 8 and all(c.module.startswith("replicate unit model.layers.") and
                                         c.implicit is False and c.phase == "backward" for c in replicated)
 

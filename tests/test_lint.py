@@ -180,10 +180,16 @@ def test_an_uneven_shard_is_named_with_its_axis():
 def assert_implicit_redistributes_predicted(d) -> None:
     """A dry run's implicit redistributes are those its lint predicts: per rank, each parameter named
     IMPLICIT_REDISTRIBUTE is all-reduced over tp by the optimizer (one aten.lerp_ each, AdamW's
-    first read of the gradient), and no other collective of the step is implicit."""
+    first read of the gradient), or is a vocabulary-split embedding whose module's own forward
+    reads its partial rows (Gemma 3's scale: that module's forward all-reduce, implicit), and no
+    other collective of the step is implicit."""
     for rank in range(d.world):
         implicit = [c for c in d.comms(rank) if c.implicit]
         predicted = [f for f in d.lint() if rank in f.ranks and f.fault == LintKind.IMPLICIT_REDISTRIBUTE]
+        ends = {f.param.rsplit(".", 1)[0] for f in predicted if "looked-up rows" in f.why}
+        assert {c.module for c in implicit if c.phase == "forward"} == ends, rank
+        implicit = [c for c in implicit if c.phase != "forward"]
+        predicted = [f for f in predicted if f.param.rsplit(".", 1)[0] not in ends]
         assert all(c.phase == "optimizer" and c.placements == "P(sum) -> R on tp" for c in implicit), rank
         assert sum(c.needed_by == "aten.lerp_" for c in implicit) == len(predicted), rank
         assert bool(implicit) == bool(predicted), rank

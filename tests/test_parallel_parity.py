@@ -35,8 +35,9 @@ CONFIGS_2 = [
     ("llama-pp2-dualpipev", LLAMA, dict(pp=2, pp_schedule="dualpipev", microbatches=4)),
     ("llama-cp2", LLAMA, dict(cp=2)),
     ("gpt2-pp2", GPT2, dict(pp=2)),
-    ("gpt2-tp2", GPT2, dict(tp=2)),
-    # loss parallel: embedding and head split on the vocabulary, the loss on the split logits
+    ("gpt2-tp2", GPT2, dict(tp=2)),  # tp plans split the embedding and head on the vocabulary (tied: once)
+    ("llama-tp2-whole-vocab", LLAMA, dict(tp=2, vocab_parallel=False)),  # a lesson's baseline: both ends whole
+    # loss parallel: the logits kept split on the vocabulary, the loss taken on them
     ("llama-tp2-lp", LLAMA, dict(tp=2, loss_parallel=True)),
     ("llama-tp2-sp-lp", LLAMA, dict(tp=2, sequence_parallel=True, loss_parallel=True)),
     ("gpt2-tp2-lp", GPT2, dict(tp=2, loss_parallel=True)),  # tied: one weight split once

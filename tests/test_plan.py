@@ -44,10 +44,17 @@ def test_loss_parallel_refused_without_tp_or_on_a_vocabulary_tp_does_not_split()
         "loss_parallel needs tp > 1 (tp(1)): it splits the embedding, the head and the loss over the "
         "tensor-parallel ranks"]
     odd = resolve_model({**LLAMA.config, "vocab_size": 130})
-    assert validate(Plan(tp=4, loss_parallel=True), 4, odd) == [
-        "tp(4) does not divide vocab_size(130) (loss_parallel splits the embedding and head on it)"]
+    split = ["tp(4) does not divide vocab_size(130) (the embedding and the head are split on it; "
+             "vocab_parallel=False keeps them whole)"]
+    assert validate(Plan(tp=4, loss_parallel=True), 4, odd) == validate(Plan(tp=4), 4, odd) == split
+    assert validate(Plan(tp=4, vocab_parallel=False), 4, odd) == []  # the ends whole: nothing splits the vocabulary
+    assert validate(Plan(tp=2, vocab_parallel=False, loss_parallel=True), 2, LLAMA) == [
+        "loss_parallel needs vocab_parallel: the loss is taken on the head's vocabulary-split logits, and "
+        "vocab_parallel=False keeps the head whole"]
     assert validate(Plan(tp=2, pp=2, loss_parallel=True), 4, LLAMA) == []  # composes with the pipeline
     assert Plan(tp=2, loss_parallel=True).describe() == "tp2 loss-parallel"
+    assert Plan(tp=2, vocab_parallel=False).describe() == "tp2 whole-vocab" and Plan(tp=2).describe() == "tp2"
+    assert Plan(tp=2).vocab_split and not Plan(tp=2, vocab_parallel=False).vocab_split and not Plan().vocab_split
 
 
 def test_non_positive_batch_and_degrees():

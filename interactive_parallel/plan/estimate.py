@@ -81,9 +81,10 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     under autocast the rowwise outputs in the compute dtype, the input gradients in the residual
     stream's (fp32; bf16 where FSDP gathers bf16 parameters, Plan.gathers_bf16, which also halves
     its all-gathers and the pipeline's sends; gradients are reduced in fp32).
-    Sequence parallel is not modelled (its traffic is counted as the plain TP all-reduces). Loss parallel adds the split embedding's output
-    all-reduce, the split head's input-gradient all-reduce and its cross-entropy's three
-    per-token all-reduces. Expert parallelism: see _expert_comms.
+    Sequence parallel is not modelled (its traffic is counted as the plain TP all-reduces). The
+    vocabulary-split ends (Plan.vocab_split) add the embedding's output all-reduce, the head's
+    input-gradient all-reduce and the all-gather of its logits, or under loss parallel its
+    cross-entropy's three per-token all-reduces instead of the gather. Expert parallelism: see _expert_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = plan.batch_size // plan.data_parallel // plan.grad_accum  # one micro-step's rows on this rank
@@ -128,8 +129,8 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
 
 def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: int, act: int) -> Comms:
     """TP's all-reduces: after each rowwise linear (forward, again under full recomputation but the
-    block's last) and of each colwise linear's input gradient (backward), per microbatch; loss
-    parallel's two."""
+    block's last) and of each colwise linear's input gradient (backward), per microbatch; the
+    vocabulary ends' two, and the head's logits gather (or loss parallel's three)."""
     if plan.tp == 1:
         return []
     styles = [tp_style(s) for s in spec.family_info.tp_plan.values()]
@@ -144,20 +145,25 @@ def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: 
     # where FSDP gathers bf16 parameters.
     stream = stream_bytes(plan)
     layer_bytes = (forward * act_bytes(plan) + backward * stream) * (act // FP32)
-    # Loss parallel: the vocabulary-split embedding's output (forward, first stage) and the
-    # colwise head's input gradient (backward, last stage), once per microbatch; and torch's
-    # loss_parallel cross-entropy on the last stage all-reduces three fp32 values per token
-    # (the logits' max, the sum of their exponentials, the target's logit) inside DTensor's
-    # dispatch, which the comm ledger sees too (runtime/probes/comms.py).
+    # The vocabulary-split ends (Plan.vocab_split): the embedding's output (forward, first stage)
+    # and the colwise head's input gradient (backward, last stage), once per microbatch, in the
+    # stream's dtype; the head's logits all-gathered in their compute dtype for the plain loss, or
+    # under loss parallel torch's cross-entropy all-reduces three fp32 values per token (the
+    # logits' max, the sum of their exponentials, the target's logit) inside DTensor's dispatch,
+    # which the comm ledger sees too.
     stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
-    last = plan.loss_parallel and (plan.n_stages - 1 in stages or plan.pp == 1)
-    ends = (0 in stages) + last if plan.loss_parallel else 0
+    last = plan.vocab_split and (plan.n_stages - 1 in stages or plan.pp == 1)
+    ends = (0 in stages) + last if plan.vocab_split else 0
     m = plan.n_microbatches if plan.pp > 1 else 1
     acc = plan.grad_accum
     calls, nbytes = (per_layer * layers + ends) * m * acc, (layer_bytes * layers + ends * act // FP32 * stream) * acc
-    if last:
-        calls, nbytes = calls + 3 * m * acc, nbytes + 3 * acc * act // spec.hidden_size
-    return [("all_reduce", "tp", calls, nbytes)]
+    tokens = act // (FP32 * spec.hidden_size)
+    if last and plan.loss_parallel:
+        calls, nbytes = calls + 3 * m * acc, nbytes + 3 * acc * tokens * FP32
+    out: Comms = [("all_reduce", "tp", calls, nbytes)]
+    if last and not plan.loss_parallel:
+        out.append(("all_gather", "tp", m * acc, acc * tokens * spec.vocab_size * act_bytes(plan)))
+    return out
 
 
 def _pp_comms(plan: Plan, coords: dict[MeshAxis, int], act: int) -> Comms:

@@ -4,9 +4,9 @@ Owns the names, shapes and TP dims of a model's parameters, read from the family
 plan.models.FAMILIES (never from its name), and the rules that mirror how the runtime lays them
 out: TP shards the linears of the family's tp_plan as each style's record says (plan.tp_styles:
 colwise: Linear weight/bias Shard(0), transposed Conv1D weight Shard(1); rowwise: Linear weight
-Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms, embeddings and the LM
-head, except under Plan.loss_parallel, which splits the token embedding and the LM head on the
-vocabulary (dim 0 of both; a tied pair is one tensor, split once); PP gives each rank its stages
+Shard(1), Conv1D weight Shard(0), bias replicated) and replicates norms and position embeddings;
+the token embedding and the LM head are split on the vocabulary (dim 0 of both; a tied pair is
+one tensor, split once) unless the plan keeps them whole (Plan.vocab_split); PP gives each rank its stages
 (loop order) plus embeddings (first stage) and norm/head (last stage; a tied head is the embedding,
 held by both); FSDP2 shards dim 0 of each (TP-local) tensor with torch.chunk sizes and pads every
 shard to the largest one. A mixture-of-experts block's stacked expert weights ([experts, ...], the
@@ -43,11 +43,11 @@ class ParamInfo:
     expert: bool = False
     """A stacked expert weight (dim 0: the experts), which ep splits."""
     vocab: bool = False
-    """The token embedding or LM head weight [vocab, h]: split on dim 0 under Plan.loss_parallel."""
+    """The token embedding or LM head weight [vocab, h]: split on dim 0 under Plan.vocab_split."""
 
     def split_dim(self, plan: Plan) -> int | None:
         """The dim tp splits under `plan` (None: whole on every tp rank)."""
-        return 0 if self.vocab and plan.loss_parallel else self.tp_dim
+        return 0 if self.vocab and plan.vocab_split else self.tp_dim
 
 
 def _tp_dim(style: TpStyle | None, leaf: str, transposed: bool) -> int | None:
@@ -165,7 +165,7 @@ def cut_key(spec: ModelSpec, plan: Plan, rank: int) -> tuple:
     coords = mesh_coords(rank, plan.mesh_shape)
     f_size, f_index = shard_group(plan, coords)
     stages = tuple(plan.stage_ids(coords[MeshAxis.PP])) if plan.pp > 1 else ()
-    return (spec_key(spec), plan.tp, coords[MeshAxis.TP], f_size, f_index, plan.ep, plan.loss_parallel, stages,
+    return (spec_key(spec), plan.tp, coords[MeshAxis.TP], f_size, f_index, plan.ep, plan.vocab_split, stages,
             tuple(plan.layer_counts(spec.num_layers)) if plan.pp > 1 else (), plan.n_stages if plan.pp > 1 else 1)
 
 

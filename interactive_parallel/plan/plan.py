@@ -97,9 +97,13 @@ class Plan:
     the remainder to the middle stages (the first and last also hold the embedding and the head)."""
     sequence_parallel: bool = False
     """Under tp: shard norms and dropout along the sequence too."""
+    vocab_parallel: bool = True
+    """Under tp: the token embedding and the LM head split on the vocabulary, as the model's own TP
+    plan does (transformers' 'embedding_rowwise' and 'colwise_gather_output'; torchtitan); False keeps
+    both whole on every tp rank (a lesson's baseline)."""
     loss_parallel: bool = False
-    """Under tp: token embedding and LM head split on the vocabulary, the loss taken on the split
-    logits (never gathered)."""
+    """Under tp: the head's logits kept split on the vocabulary and the loss taken on them (never
+    gathered); needs vocab_parallel."""
     compile: bool = False
     """torch.compile each decoder block for training (generation and serving run them eagerly);
     the first step pays the compile time."""
@@ -134,6 +138,15 @@ class Plan:
     @property
     def world_size(self) -> int:
         return self.dp * self.fsdp * self.tp * self.pp * self.cp
+
+    @property
+    def vocab_split(self) -> bool:
+        """Whether the token embedding and the LM head are split on the vocabulary over tp (decided
+        here once: the runtime, the inventory, the estimates and the one-process mode read it).
+        Not under `compile` unless loss_parallel asks: compiled blocks between split ends failed
+        in backward (a DTensor redistribute of the ends handed a plain gradient; measured on
+        tiny-llama tp2, not yet understood), so compiled plans keep the ends whole as before."""
+        return self.tp > 1 and (self.loss_parallel or (self.vocab_parallel and not self.compile))
 
     @property
     def uses_ddp(self) -> bool:
@@ -277,6 +290,8 @@ class Plan:
             text += f" {self.cp_method}"
         if self.tp > 1 and self.loss_parallel:
             text += " loss-parallel"
+        if self.tp > 1 and not self.vocab_parallel:
+            text += " whole-vocab"
         if self.compile:
             text += " compiled"
         return text

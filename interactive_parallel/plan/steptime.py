@@ -93,7 +93,7 @@ def block_work(spec: ModelSpec, plan: Plan) -> tuple[float, float, int]:
     forward), from the parameter inventory cut by tp: a linear of E elements costs 2 E per token;
     a token meets experts_per_token of the stacked experts (its tp rank routes 1/tp of the tokens);
     causal attention costs 2 x seq x the rank's query width (half of QK^T and AV's 4 seq width)."""
-    return _WORK.get_or_make((spec_key(spec), plan.tp, plan.loss_parallel, plan.seq_len), lambda: _block_work(spec, plan))
+    return _WORK.get_or_make((spec_key(spec), plan.tp, plan.vocab_split, plan.seq_len), lambda: _block_work(spec, plan))
 
 
 _WORK = Memo(4096)
@@ -115,7 +115,7 @@ def _block_work(spec: ModelSpec, plan: Plan) -> tuple[float, float, int]:
         dense += experts / spec.num_experts * spec.experts_per_token / plan.tp
         mm += 3  # the routed experts' grouped matmuls
     attention = 2 * plan.seq_len * spec.num_heads * spec.head_dim / plan.tp
-    head = 2 * spec.hidden_size * spec.vocab_size / (plan.tp if plan.loss_parallel else 1)
+    head = 2 * spec.hidden_size * spec.vocab_size / (plan.tp if plan.vocab_split else 1)
     return 2 * dense + attention, head, mm
 
 

@@ -157,6 +157,9 @@ def _loss_parallel_problems(plan: Plan) -> list[str]:
     if plan.tp == 1:
         return ["loss_parallel needs tp > 1 (tp(1)): it splits the embedding, the head and the loss "
                 "over the tensor-parallel ranks"]
+    if not plan.vocab_parallel:
+        return ["loss_parallel needs vocab_parallel: the loss is taken on the head's vocabulary-split "
+                "logits, and vocab_parallel=False keeps the head whole"]
     return []
 
 
@@ -185,9 +188,11 @@ def _model_problems(plan: Plan, spec: ModelSpec) -> list[str]:
     if plan.tp > 1:
         for what, n in (("num_attention_heads", spec.num_heads), ("num_key_value_heads", spec.num_kv_heads),
                         ("intermediate_size", spec.intermediate_size), ("vocab_size", spec.vocab_size)):
+            if what == "vocab_size" and not plan.vocab_split:
+                continue  # the ends stay whole (vocab_parallel=False): nothing splits the vocabulary
             if n % plan.tp:
-                why = " (loss_parallel splits the embedding and head on it)" if what == "vocab_size" and \
-                    plan.loss_parallel else ""
+                why = " (the embedding and the head are split on it; vocab_parallel=False keeps them " \
+                    "whole)" if what == "vocab_size" else ""
                 problems.append(f"tp({plan.tp}) does not divide {what}({n}){why}")
     problems += _expert_problems(plan, spec)
     if plan.pp > 1:

@@ -55,10 +55,30 @@ def lint(par) -> list[LintFinding]:
     held = _held(par)
     found = _data_axes(par, held) + _divisible(held)
     if par.plan.tp > 1:
-        found += _tp(par, held) + _partial_outputs(par, held)
+        found += _tp(par, held) + _partial_outputs(par, held) + _own_embedding_forward(par, held)
     for f in found:
         f.ranks = [rank]
     return found
+
+
+def _own_embedding_forward(par, held: dict) -> list[LintFinding]:
+    """A vocabulary-split embedding whose module works on the looked-up rows inside its own forward
+    (Gemma 3's scaled embedding), before the style's output hook all-reduces them: DTensor sums the
+    rows' partial lookups there, implicitly, for the op that needs it (the same one all-reduce)."""
+    from torch import nn
+
+    name = par.spec.family_info.embedding_path
+    if not par.plan.vocab_split or f"{name}.weight" not in held:
+        return []
+    if type(par.raw.get_submodule(name)).forward is nn.Embedding.forward:
+        return []
+    return [_finding(
+        f"{name}.weight", "tp", LintKind.IMPLICIT_REDISTRIBUTE, LintSeverity.COST,
+        "split on the vocabulary, its module's own forward works on the looked-up rows (a partial sum over tp) "
+        "before the style's output all-reduce, so DTensor all-reduces them there, implicitly, every forward "
+        "(the same one all-reduce, issued by the op that needs it)",
+        "nothing to change; or keep the ends whole (Plan(vocab_parallel=False)), an all-reduce less and "
+        "the embedding whole on every tp rank")]
 
 
 def _held(par) -> dict:
@@ -222,8 +242,8 @@ def _partial_outputs(par, held: dict) -> list[LintFinding]:
     prefix = par.spec.family_info.layers_path + "."
     layer_ids = sorted({int(n[len(prefix):].split(".")[0]) for n in held if n.startswith(prefix)})
     styles = layer_tp_plan(par.spec, layer_ids, par.plan.sequence_parallel)
-    if par.plan.loss_parallel:
-        styles.update(vocab_tp_plan(par.spec))
+    if par.plan.vocab_split:
+        styles.update(vocab_tp_plan(par.spec, loss_parallel=par.plan.loss_parallel))
     out = []
     for path, style in styles.items():
         layouts = getattr(style, "output_layouts", None)

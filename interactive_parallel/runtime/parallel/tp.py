@@ -8,14 +8,28 @@ linears whose weight is stored transposed (transformers' Conv1D, FamilyInfo.weig
 and fused q|k|v projections (a style packed 'qkv': 'colwise_fused_qkv', regrouped per head
 first), sequence parallelism of the norms,
 and rewriting the attention modules' head bookkeeping for the local shard
-(FamilyInfo.local_head_attrs). Under Plan.loss_parallel also the vocabulary ends
-(torchtitan's plan): the token embedding rowwise on the vocabulary (its output all-reduced,
-whole), the LM head colwise with its logits left split on the vocabulary as a DTensor for
-runtime.model.loss to take the cross-entropy on (a tied pair is one weight, split once: both
-styles shard the [vocab, hidden] matrix on dim 0). Without it, both stay whole on every tp
-rank. Reads the family's facts and each style's record, never a family's or a style's name; the
-model code is never edited. Knows
-nothing of other mesh axes or of how the model is trained.
+(FamilyInfo.local_head_attrs). Also the vocabulary ends (Plan.vocab_split, the default under
+tp), as the model's own TP plan has them (transformers' 'embedding_rowwise' and
+'colwise_gather_output', torchtitan's plan): the token embedding rowwise on the vocabulary (its
+output all-reduced, whole), the LM head colwise with its logits all-gathered for the plain loss,
+or under Plan.loss_parallel left split on the vocabulary as a DTensor for runtime.model.loss to
+take the cross-entropy on (a tied pair is one weight, split once: both styles shard the
+[vocab, hidden] matrix on dim 0). Plan(vocab_parallel=False) keeps both whole on every tp rank.
+
+Where this differs from torchtitan (models/llama3/parallelize.py) and why: under sequence
+parallelism torchtitan's embedding reduce-scatters straight to sequence shards, its final norm
+runs on sequence shards and its head gathers its input once. Here the embedding's output is
+all-reduced whole and cut at the first layer, and the last layer's output is gathered whole
+before the final norm and the head (`_sequence_boundaries`), because the model is
+transformers' own and its forward reads both ends at the whole sequence's length: the position
+ids and the causal mask are derived from the embedding output's length (GPT-2 adds its learned
+positions there), and after the final norm GPT-2 views the hidden states to the input's shape
+and logits_to_keep slices positions (measured: a GPT-2 whose final norm ran on sequence shards
+fails that view). The cost: at each end one [b, s, h] all-reduce (the embedding's output in the
+forward, the head's input gradient in the backward) where torchtitan reduce-scatters, half of it
+on the wire; the gathers match. A pipeline stage boundary sees the whole sequence too.
+Reads the family's facts and each style's record, never a family's or a style's name; the
+model code is never edited. Knows nothing of other mesh axes or of how the model is trained.
 """
 from __future__ import annotations
 
@@ -209,21 +223,25 @@ def _permute_fused(model: nn.Module, spec: ModelSpec, layer_ids, tp: int) -> dic
     return perms
 
 
-def vocab_tp_plan(spec: ModelSpec, *, embedding: bool = True, head: bool = True) -> dict[str, nn.Module]:
-    """Module path -> ParallelStyle of the vocabulary ends under loss parallel.
+def vocab_tp_plan(spec: ModelSpec, *, loss_parallel: bool = False, embedding: bool = True,
+                  head: bool = True) -> dict[str, nn.Module]:
+    """Module path -> ParallelStyle of the vocabulary ends (Plan.vocab_split): the model's own TP
+    plan (transformers' 'embedding_rowwise' and 'colwise_gather_output', torchtitan's).
 
     Embedding: ids [b, s] (replicated) -> each rank looks up its vocab rows, zeros elsewhere,
-    all-reduced -> [b, s, h] whole (sequence parallelism cuts it at the first layer, as it
-    does without). Head: [b, s, h] whole (the last layer gathers the sequence) ->
-    [b, s, vocab/tp] kept as a DTensor Shard(-1): the loss and the greedy pick read it split.
+    all-reduced -> [b, s, h] whole (sequence parallelism cuts it at the first layer, as it does
+    without). Head: [b, s, h] whole (the last layer gathers the sequence) -> [b, s, vocab/tp],
+    all-gathered to [b, s, vocab] for the plain loss, or (loss_parallel) kept as a DTensor
+    Shard(-1) that the loss and the greedy pick read split.
     """
     fam = spec.family_info
     plan: dict[str, nn.Module] = {}
     if embedding:
         plan[fam.embedding_path] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
     if head:
-        plan[fam.lm_head_path] = Colwise(transposed=False, input_layouts=Replicate(), output_layouts=Shard(-1),
-                                         use_local_output=False)
+        logits = dict(output_layouts=Shard(-1), use_local_output=False) if loss_parallel else \
+            dict(output_layouts=Replicate())
+        plan[fam.lm_head_path] = Colwise(transposed=False, input_layouts=Replicate(), **logits)
     return plan
 
 
@@ -249,9 +267,9 @@ def _shard_embedding_grad(module: nn.Module, _args) -> None:
 
 
 def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False,
-             loss_parallel: bool = False) -> dict:
-    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place (and under
-    `loss_parallel` the token embedding and LM head on the vocabulary).
+             vocab_split: bool = True, loss_parallel: bool = False) -> dict:
+    """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place, and (vocab_split:
+    Plan.vocab_split) the token embedding and the LM head on the vocabulary.
 
     Returns {param name: (dim, permutation)} for fused weights whose sharded logical
     layout differs from the checkpoint layout (full_state_dict undoes it).
@@ -261,10 +279,10 @@ def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_par
     plan = layer_tp_plan(spec, layer_ids, sequence_parallel)
     if sequence_parallel:
         plan.update(_sp_plan(spec, layer_ids))
-    if loss_parallel:
-        plan.update(vocab_tp_plan(spec))
+    if vocab_split:
+        plan.update(vocab_tp_plan(spec, loss_parallel=loss_parallel))
     parallelize_module(model, mesh, plan, src_data_rank=None)
-    if loss_parallel:
+    if vocab_split:
         if spec.tied_embeddings:
             _retie(model, spec)
         model.get_submodule(spec.family_info.embedding_path).register_forward_pre_hook(_shard_embedding_grad)
@@ -279,7 +297,8 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
 
     It is cut at the first layer of each run of sharded layers and gathered after the last,
     so embeddings, the final norm and the LM head (and pipeline stage boundaries) keep
-    seeing the whole sequence. DTensor redistribute gives both cuts the right backward.
+    seeing the whole sequence (the module docstring says why, where torchtitan differs).
+    DTensor redistribute gives both cuts the right backward.
     """
     from torch.distributed.tensor import DTensor
 
