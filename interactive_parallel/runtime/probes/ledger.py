@@ -127,7 +127,10 @@ class Ledger:
             if not ts:  # functional ops: only the input exists at issue; scale it
                 ts = tensors_of(bound.get("input", bound.get("inputs")))
                 if kind == "all_gather":
-                    return self._add(kind, _nbytes(ts) * len(ranks), ts, ranks, is_default, None)
+                    rec = self._add(kind, _nbytes(ts) * len(ranks), ts, ranks, is_default, None)
+                    if pg is not None:  # joined with the flight recorder by it, as every other collective
+                        rec.seq = _next_seq(pg)
+                    return rec
         else:
             ts = tensors_of(bound.get("tensors", bound.get("input", bound.get("inputs"))))
         peer = None
