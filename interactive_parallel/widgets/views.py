@@ -37,6 +37,7 @@ import plotly.graph_objects as go
 
 from .. import viz
 from ..cluster.errors import RankError
+from ..plan.activations import stream_bytes
 from ..plan.estimate import predict_memory
 from ..records import CommRecord, PipelineEvent
 from ._common import Actions, SessionRef, button, css, describe_error, figure_widget, refresh, row
@@ -266,9 +267,8 @@ class ViewsSection:
         records = s.experts(1)
         refresh(self.expert_load, viz.expert_load_figure(records))
         hidden = s.spec.hidden_size if s.spec is not None else None
-        # the tokens each way are the residual stream's: fp32 (params are; autocast casts in the
-        # matmuls), bf16 where FSDP gathers bf16 parameters and its units compute in them
-        width = 2 if s.plan is not None and s.plan.gathers_bf16 else 4
+        # the tokens each way are the residual stream's (fp32, or bf16 where FSDP gathers bf16 parameters)
+        width = stream_bytes(s.plan) if s.plan is not None else 4
         refresh(self.tokens_moved, viz.tokens_moved_figure(records, hidden_size=hidden, dtype_bytes=width))
         if records:
             return ""

@@ -126,7 +126,7 @@ class Parallelized:
             with whole_sequence():
                 return self.cp_model(input_ids, attention_mask=attention_mask, position_ids=position_ids)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        if self.computes_like is not None and self.computes_like.gathers_bf16:
+        if self.computes_like is not None:  # set only for a plan that gathers bf16 (verify.computes_like)
             return self._logits_in_bf16(kwargs)
         return self.model(**kwargs).logits
 
