@@ -13,7 +13,7 @@ from interactive_parallel.plan import PRESETS
 from interactive_parallel.plan.local import local_problems
 from test_parallel_parity import ALL, GRAD_TOL, LOSS_TOL, STEPS, WEIGHT_TOL
 
-ACCEPTED = ["llama-tp2", "llama-tp2-sp", "llama-tp2-lp", "llama-tp2-sp-lp", "llama-tp4"]
+ACCEPTED = ["llama-tp2", "llama-tp2-sp", "llama-tp2-lp", "llama-tp2-sp-lp", "llama-tp4", "gpt2-tp2", "gpt2-tp2-lp"]
 """The parity plans (test_parallel_parity.ALL) the mode accepts."""
 
 
@@ -34,12 +34,12 @@ def local_run(preset: str, fields: dict, steps: int) -> dict:
 
 
 @pytest.mark.rank1
-@pytest.mark.parametrize("label", ["llama-tp2-sp-lp", "llama-tp4"])
+@pytest.mark.parametrize("label", ["llama-tp2-sp-lp", "llama-tp4", "gpt2-tp2"])
 @pytest.mark.parametrize("clip", [0.0, 1.0])
 def test_local_mode_matches_one_process(label, clip):
     """3 AdamW steps of every rank in one process: losses, the next batch's gradients and the weights
-    equal the one-process reference's (sequence and loss parallel,
-    four ranks; with gradient clipping too)."""
+    equal the one-process reference's (sequence and loss parallel, four ranks, GPT-2's tied and
+    transposed weights, whose gradients LocalTensorMode nests; with gradient clipping too)."""
     preset, fields = ALL[label]
     fields = {**fields, "max_grad_norm": clip}
     W.assert_parity(local_run(preset, fields, STEPS), W.reference(preset, fields, STEPS),
@@ -112,7 +112,7 @@ def test_refused_plans_name_the_parallelism_and_the_alternative(fields, message)
 @pytest.mark.rank1
 def test_local_session_runs_and_refuses_before_anything_is_built():
     """LocalSession answers a lesson's calls and leaves no process group at stop; a refused plan
-    raises PlanError before the fake group or any tensor exists; GPT-2 is refused by family."""
+    raises PlanError before the fake group or any tensor exists."""
     import torch.distributed as dist
 
     from interactive_parallel import LocalSession
@@ -125,7 +125,7 @@ def test_local_session_runs_and_refuses_before_anything_is_built():
     assert not dist.is_initialized()
     with pytest.raises(PlanError, match=r"fsdp\(2\).*Session"):
         LocalSession(ranks=2).apply(Plan(fsdp=2))
-    with pytest.raises(PlanError, match="gpt2"):
+    with pytest.raises(PlanError, match=r"pp\(2\).*Session"):
         with LocalSession(ranks=2, model="tiny-gpt2") as s:
-            s.apply(Plan(tp=2))
+            s.apply(Plan(pp=2))
     assert not dist.is_initialized()

@@ -145,3 +145,29 @@ def test_parity_gathering_bf16(results, label):
     if fields.get("max_grad_norm"):
         for a, b in zip(got["grad_norms"], ref["grad_norms"]):
             assert a == pytest.approx(b, rel=tol["grad"]), (label, got["grad_norms"], ref["grad_norms"])
+
+
+@pytest.mark.parametrize("label", [f"{label}-clip" for label in ALL] + [label for label, _, f in BF16 if f.get("max_grad_norm")])
+def test_clip_all_reduces_equal_the_model(results, label):
+    """The clipped runs' norm all-reduces on the ledger (rank 0, first step: calls, bytes per
+    axis, fp32) are the ones plan.estimate.clip_comms predicts from the layout alone, and
+    predict_comms counts them."""
+    from interactive_parallel.plan import PRESETS, Plan
+    from interactive_parallel.plan.estimate import clip_comms, predict_comms
+
+    preset, fields = next((p, f) for lab, p, f in clipped(CONFIGS_2 + CONFIGS_4) + BF16 if lab == label)
+    plan = Plan(**fields)
+    clip = [c for c in results[label]["comms"] if c.module == "clip_grad_norm"]
+    measured = {}
+    for c in clip:
+        n, b = measured.get((c.op, c.axis), (0, 0))
+        measured[c.op, c.axis] = (n + 1, b + c.bytes)
+    predicted = {(op, axis): (n, b) for op, axis, n, b in clip_comms(PRESETS[preset], plan, 0)}
+    assert measured == predicted, (label, measured, predicted)
+    assert {c.dtype for c in clip} <= {"float32"}, label
+    unclipped = Plan(**{k: v for k, v in fields.items() if k != "max_grad_norm"})
+    total = lambda p: {(e.op, e.axis): (e.count, e.bytes) for e in predict_comms(PRESETS[preset], p, 0)}  # noqa: E731
+    with_clip, without = total(plan), total(unclipped)
+    for key, (n, b) in predicted.items():
+        before = without.get(key, (0, 0))  # the clip's all-reduces join the axis's others
+        assert with_clip[key] == (before[0] + n, before[1] + b), key

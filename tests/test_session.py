@@ -310,10 +310,11 @@ def test_killed_rank_is_named_and_replaced():
 
 
 def test_attach_to_a_cluster_started_elsewhere(tmp_path):
-    """As with `ipcluster start`: the cluster belongs to someone else and outlives the session."""
+    """As with `ipcluster start`: the cluster belongs to someone else and outlives the session.
+    `ranks=2` on a cluster of 3 engines takes 2 of them as ranks."""
     import ipyparallel as ipp
 
-    cluster = ipp.Cluster(n=2, profile_dir=str(tmp_path), cluster_id="workshop", log_level=40,
+    cluster = ipp.Cluster(n=3, profile_dir=str(tmp_path), cluster_id="workshop", log_level=40,
                           controller_args=["--HeartMonitor.period=200"])
     cluster.start_cluster_sync()
     try:
@@ -323,8 +324,8 @@ def test_attach_to_a_cluster_started_elsewhere(tmp_path):
             s.load_model("tiny-llama")
             assert len(s.train(steps=1, batch_size=4, seq_len=16)) == 2
         client = cluster.connect_client_sync()
-        client.wait_for_engines(2, timeout=30)
-        assert len(client.ids) == 2  # still running after the session stopped
+        client.wait_for_engines(3, timeout=30)
+        assert len(client.ids) == 3  # still running after the session stopped
         client.close()
     finally:
         cluster.stop_cluster_sync()

@@ -35,6 +35,8 @@ class Pool:
 
     client = None
     owned = False
+    wanted: int | None = None
+    """How many of the pool's engines the session takes as ranks (None: all of them)."""
 
     @property
     def engine_ids(self) -> list[int]:
@@ -70,6 +72,9 @@ class AttachedPool(Pool):
         self.client = ipp.Client(**kwargs, timeout=timeout)
         if ranks:
             self.client.wait_for_engines(ranks, timeout=timeout)
+            # A cluster with more engines than asked for gives the first `ranks` (by engine id);
+            # the rest stay idle.
+            self.wanted = ranks
         self.description = f"attached to cluster {cluster_id or url_file or '(default)'}" + (
             f" profile {profile or profile_dir}" if profile or profile_dir else "")
 

@@ -92,7 +92,7 @@ class RankSet:
     async def connect(self, expected: int | None = None) -> None:
         """Assign ranks, set each one up and form the process group (on a new or re-formed pool)."""
         pool = self.pool
-        ids = [e for e in pool.engine_ids if e not in self._gone_engines]
+        ids = [e for e in pool.engine_ids if e not in self._gone_engines][:pool.wanted]
         if expected is not None and len(ids) != expected:
             raise SessionError(f"pool has {len(ids)} engines, expected {expected}")
         probe = RankCaller(pool.client, ids)

@@ -119,8 +119,11 @@ class Session(SessionServing, SessionPlanning, SessionDebugging):
         the rendezvous binds to `interface` when named (it must exist on every host), else to the
         interface rank 0 reaches the controller through. Stopping the session releases the
         ranks' process group and disconnects; the cluster itself keeps running, as it belongs
-        to whoever started it.
+        to whoever started it. `ranks`: how many of its engines become ranks, the first by engine
+        id, waiting for that many (None: every engine it has now); the others stay idle.
         """
+        if ranks is not None:
+            check_session_args(ranks, device, interface, kwargs.get("snapshot_every", SNAPSHOT_EVERY), None)
         pool = AttachedPool(cluster_id=cluster_id, profile=profile, profile_dir=profile_dir, url_file=url_file,
                             ranks=ranks, timeout=kwargs.get("timeout", 120.0))
         return cls(ranks=ranks or len(pool.engine_ids), device=device, interface=interface, _pool=pool, **kwargs)

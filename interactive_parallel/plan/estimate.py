@@ -24,7 +24,7 @@ from .plan import Plan
 from .tp_styles import tp_style
 
 __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "predict_activations",
-           "predict_memory", "predict_comms"]
+           "predict_memory", "predict_comms", "clip_comms"]
 
 FP32 = 4
 
@@ -84,7 +84,8 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     Sequence parallel is not modelled (its traffic is counted as the plain TP all-reduces). The
     vocabulary-split ends (Plan.vocab_split) add the embedding's output all-reduce, the head's
     input-gradient all-reduce and the all-gather of its logits, or under loss parallel its
-    cross-entropy's three per-token all-reduces instead of the gather. Expert parallelism: see _expert_comms.
+    cross-entropy's three per-token all-reduces instead of the gather. Expert parallelism: see
+    _expert_comms; gradient clipping's norm all-reduces: see clip_comms.
     """
     coords = mesh_coords(rank, plan.mesh_shape)
     rows = plan.batch_size // plan.data_parallel // plan.grad_accum  # one micro-step's rows on this rank
@@ -92,9 +93,74 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     layers = len({p.layer for p, _, _ in local_tensors(spec, plan, rank) if p.owner == "layer"})
     parts = (_gradient_comms(spec, plan, rank, coords) + _tp_comms(spec, plan, coords, layers, act) +
              _pp_comms(plan, coords, act) + _cp_comms(spec, plan, layers, rows) +
-             _expert_comms(spec, plan, rank, layers))
+             _expert_comms(spec, plan, rank, layers) + clip_comms(spec, plan, rank))
+    merged: dict[tuple[str, str], tuple[int | None, float]] = {}
+    for op, axis, count, nbytes in parts:  # the clip's all-reduces join the same axis's others
+        if nbytes <= 0:
+            continue
+        before = merged.get((op, axis))
+        merged[op, axis] = (count, nbytes) if before is None else (
+            None if before[0] is None or count is None else before[0] + count, before[1] + nbytes)
     return [CommEstimate(rank=rank, op=op, axis=axis, count=count, bytes=int(nbytes))
-            for op, axis, count, nbytes in parts if nbytes > 0]
+            for (op, axis), (count, nbytes) in merged.items()]
+
+
+def clip_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> Comms:
+    """Gradient clipping's collectives per step (Plan.max_grad_norm; runtime.training.clip): the
+    total norm's all-reduces of per-tensor norms, one fp32 value per gradient.
+
+    torch takes a sharded gradient's norm per tensor and sums a group's squares over each mesh
+    dim the group is split on with one all-reduce of the group's norms (a vector): groups are
+    the gradients of one mesh and one placement. Under FSDP every gradient is sharded on the FSDP
+    axis, in four groups as tp leaves them (measured on the ledger): split by tp on dim 0 (FSDP's
+    strided shard of the same dim), split by tp on another dim, whole on every tp rank as a
+    replicated DTensor (a rowwise bias, a norm under sequence parallelism, Qwen3's head norms),
+    and plain (a norm or a whole vocabulary end, FSDP's 1-D mesh); those split by tp also
+    all-reduce over tp. Without FSDP only the tp-split gradients cost anything: one tp all-reduce.
+    A pipeline sums the stages' squares with one all-reduce of a scalar. A tied weight's second
+    copy (the head on a later stage than the embedding) is left out of the norm."""
+    if not plan.max_grad_norm:
+        return []
+    coords = mesh_coords(rank, plan.mesh_shape)
+    fam = spec.family_info
+    stages = plan.stage_ids(coords[MeshAxis.PP]) if plan.pp > 1 else [0]
+    tied_copy = f"{fam.embedding_path}.weight" if spec.tied_embeddings and 0 not in stages else None
+    sharded = "_".join(plan.gradient_axes[0])
+    groups: dict[str, int] = {}
+    for p, _, _ in local_tensors(spec, plan, rank):
+        if p.name == tied_copy:
+            continue
+        split = p.split_dim(plan) if plan.tp > 1 else None
+        if split is not None:
+            key = "tp dim 0" if split == 0 or not sharded else "tp other dim"
+        elif plan.tp > 1 and _tp_replicated(spec, plan, p):
+            key = "tp replicated"
+        else:
+            key = "plain"
+        groups[key] = groups.get(key, 0) + 1
+    out: Comms = []
+    split_groups = [n for key, n in groups.items() if key in ("tp dim 0", "tp other dim")]
+    if sharded:
+        out.append(("all_reduce", sharded, len(groups), FP32 * sum(groups.values())))
+    if split_groups:
+        out.append(("all_reduce", "tp", len(split_groups), FP32 * sum(split_groups)))
+    if plan.pp > 1:
+        out.append(("all_reduce", "pp", 1, FP32))
+    return out
+
+
+def _tp_replicated(spec: ModelSpec, plan: Plan, p: ParamInfo) -> bool:
+    """Whether tp holds `p` whole on every tp rank as a replicated DTensor (not a plain tensor):
+    a parameter of a block module tp lays out (a rowwise linear's bias), a block's norm under
+    sequence parallelism, a block parameter outside the linears and norms (Qwen3's head norms)."""
+    fam = spec.family_info
+    if p.owner != "layer" or p.expert:
+        return False
+    rel = p.name[len(f"{fam.layers_path}.{p.layer}."):]
+    module = rel.rsplit(".", 1)[0]
+    if module in fam.norm_paths:
+        return plan.sequence_parallel
+    return module in fam.block_tp_styles() or rel in fam.block_params
 
 
 Comms = list[tuple[str, str, "int | None", float]]
