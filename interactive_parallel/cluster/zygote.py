@@ -84,6 +84,12 @@ def keeps_template() -> bool:
 def _child(profile_dir: str, requests: int | None = None) -> None:
     if requests is not None:
         os.close(requests)
+    if not keeps_template():
+        # A small machine's ranks hand each large freed block back at once (runtime/rank/heap.py):
+        # their peaks within a step add up across the ranks that share its memory.
+        from interactive_parallel.runtime.rank.heap import return_large_frees
+
+        return_large_frees()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     sys.argv = ["ipengine", f"--profile-dir={profile_dir}", "--IPEngine.enable_nanny=False"]

@@ -1,4 +1,4 @@
-"""Notebook 05's questions, on its session at the end (8 ranks, pp=2 x dp=2 x tp=2 on small-llama; `mem`
+"""Notebook 05's questions, on its session at the end (8 ranks, pp=2 x dp=2 x tp=2 on small-llama cut to 4 layers; `mem`
 is that plan's measured memory)."""
 # %%
 viz.memory_figure(s.memory(), s.predict_memory(plan.replace(dp=1, fsdp=2)))

@@ -25,3 +25,24 @@ def release_freed() -> bool:
             _libc.append(None)
     trim = _libc[0]
     return bool(trim and trim(0))
+
+
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number (glibc's malloc.h)."""
+MMAP_THRESHOLD_BYTES = 64 * 1024
+"""Allocations from this size up get pages of their own, unmapped again when freed."""
+
+
+def return_large_frees(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Give every allocation of `threshold` bytes or more its own pages, handed back the moment it is
+    freed (mallopt M_MMAP_THRESHOLD; a fixed threshold also stops glibc raising it each time a large
+    block is freed, which otherwise moves such blocks onto the heap). A step's activations and
+    gradient buffers are then gone when freed rather than at the call's trim, so a rank's peak
+    within a step is what is alive, not everything the step allocated: for ranks that share a
+    small machine (Binder's 2 GB), at the cost of a page fault per page of each large tensor.
+    False where there is no glibc."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, threshold))
+    except (OSError, AttributeError):
+        return False
