@@ -53,10 +53,14 @@ _UNITS = Memo(20000)
 
 def _units(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
     units: dict[object, list[int]] = {}
+    stages = plan.stage_ids(mesh_coords(rank, plan.mesh_shape)[MeshAxis.PP]) if plan.pp > 1 else [0]
     for p, held, storage in local_tensors(spec, plan, rank):
         if p.expert and plan.ep > 1:
             continue
-        u = units.setdefault(p.layer if p.owner == "layer" else "root", [0, 0])
+        # Under a pipeline each stage module is a root unit of its own: a V schedule's rank holds
+        # the first stage's embedding and the last stage's norm and head in two.
+        stage = 0 if p.owner == "embed" and 0 in stages else plan.n_stages - 1 if p.owner != "layer" else None
+        u = units.setdefault(p.layer if p.owner == "layer" else ("root", stage if plan.pp > 1 else 0), [0, 0])
         u[0] += held * FP32
         u[1] += storage * FP32
     return [tuple(v) for v in units.values()]  # type: ignore[misc]
@@ -68,9 +72,9 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     Same convention as the comm ledger (runtime/probes/ledger.py): an op's bytes are its full
     buffer (all_gather output, reduce_scatter input). What the runtime does, per step:
     DDP (pure dp) all-reduces all gradients once (in buckets: count is None); FSDP2 gathers
-    each unit (decoder layer, then the root) in forward and again in backward and
-    reduce-scatters its gradients, every micro-step (HSDP then all-reduces the shard over
-    dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
+    each unit (decoder layer, then the root; a pipeline stage's root its own unit) in forward and
+    again in backward, once under a pipeline (_gathers_per_unit), and reduce-scatters its
+    gradients, every micro-step (HSDP then all-reduces the shard over dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
     the activations after each rowwise linear (forward) and the input gradient of each
     colwise linear (backward); PP sends activations forward and gradients backward per
     microbatch; CP all-gathers K and V per layer and all-reduces their gradients (ring CP sends
@@ -180,7 +184,8 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
         axis = "_".join(sharded)
         # bf16 gathers move half the fp32 shards' bytes; gradients are reduced in fp32 (fsdp.mixed_precision)
         gathered = f_size * shards * stream_bytes(plan) // FP32
-        out: Comms = [("all_gather", axis, 2 * len(units) * acc, 2 * acc * gathered),
+        gathers = _gathers_per_unit(plan)
+        out: Comms = [("all_gather", axis, gathers * len(units) * acc, gathers * acc * gathered),
                       ("reduce_scatter", axis, len(units) * acc, acc * f_size * shards)]
         if replicated:  # HSDP: the shards' owners average across the replicas
             out.append(("all_reduce", "_".join(replicated), len(units) * acc, acc * shards))
@@ -191,6 +196,14 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
         times = 1 if plan.pp > 1 else acc
         return [("all_reduce", "_".join(replicated), len(units) * times, times * shards)]
     return []
+
+
+def _gathers_per_unit(plan: Plan) -> int:
+    """All-gathers of one FSDP unit per micro-step: its forward, then its backward (resharded after
+    forward); under a pipeline one, the unit kept gathered from its first microbatch's forward to
+    the last backward (runtime.layout.parallelize, as torchtitan). The reduce-scatter is one per
+    unit per micro-step either way."""
+    return 1 if plan.pp > 1 else 2
 
 
 def _tp_comms(spec: ModelSpec, plan: Plan, coords: dict[MeshAxis, int], layers: int, act: int) -> Comms:

@@ -183,10 +183,14 @@ def _apply_sharding(par: Parallelized, roots: list[nn.Module]) -> nn.Module:
                    for r in roots]
     shard_mesh, repl_mesh = data_parallel_meshes(plan, mesh)
     ignored = set(par.expert_params) or None  # their groups are the replicas' (runtime.parallel.ep)
-    # Zero-bubble schedules split a backward into input and weight halves, found from the
-    # parameters the stage holds then: resharded after forward, those are the sharded ones,
-    # outside the graph, and the last stage's weight gradients came out None or wrong (measured).
-    keep_unsharded = plan.zero_bubble
+    # Under a pipeline a unit stays gathered from its first microbatch's forward to the step's
+    # last backward, as torchtitan keeps it (reshard_after_forward=False when pp is on): one
+    # all-gather per unit per micro-step, where resharding after each forward gathered it again
+    # for every microbatch (microbatches + 1 gathers, measured). Zero-bubble schedules need it
+    # besides: they split a backward into input and weight halves, found from the parameters the
+    # stage holds then; resharded after forward, those are the sharded ones, outside the graph, and
+    # the last stage's weight gradients came out None or wrong (measured).
+    keep_unsharded = plan.pp > 1
     for root, layers in zip(roots, layer_lists):
         if shard_mesh is not None:
             apply_fsdp(root, shard_mesh, layers, precision=plan.precision, ignored=ignored,

@@ -114,8 +114,8 @@ def apply_schedule(stage_modules: list[nn.Module], plan: Plan, pp_group, device)
     On gloo the schedules' batched p2p (batch_isend_irecv) ran without hangs for GPipe,
     1F1B and Interleaved1F1B at pp 2 and 4, and for InterleavedZeroBubble, ZBVZeroBubble
     and DualPipeV (its overlapped F/B runs as its two halves in turn) at pp 2 and 4, with
-    TP, DP and FSDP inside (measured here). Under a zero-bubble schedule FSDP keeps the
-    stages unsharded between forward and backward (runtime.layout.parallelize says why).
+    TP, DP and FSDP inside (measured here). Under every schedule FSDP keeps the stages
+    gathered from the first forward to the last backward (runtime.layout.parallelize says why).
     """
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining.schedules import get_schedule_class
