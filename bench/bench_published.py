@@ -46,7 +46,7 @@ def runs():
 
 def main() -> None:
     from interactive_parallel.plan import resolve_model
-    from interactive_parallel.plan.estimate import predict_memory
+    from interactive_parallel.plan.estimate import gathered_bytes, predict_memory
     from interactive_parallel.plan.search import search_plans
     from interactive_parallel.plan.steptime import predict_step, representative_ranks
 
@@ -59,17 +59,16 @@ def main() -> None:
     _, _, _, paper, _, _ = runs()[0]
     print(f"\nLlama 3 405B, the paper's 8,192-GPU layout: peak GiB per GPU (fullest pipeline rank) against 80 GB = "
           f"{80e9 / GIB:.1f} GiB")
-    print(f"{'settings':46s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>8s} {'total':>8s}")
+    print(f"{'settings':46s} {'params':>7s} {'grads':>7s} {'optim':>7s} {'activ':>8s} {'gathered':>9s} {'total':>8s}")
     for label, plan in (("paper: SP, no recompute, 32 microbatches", paper),
                         ("+ selective recompute", paper.replace(recompute="selective")),
                         ("+ full recompute", paper.replace(recompute="full")),
                         ("+ full recompute, 16 microbatches (x2 accum)", paper.replace(recompute="full", microbatches=16,
                                                                                       grad_accum=2))):
-        mem = max(predict_memory(spec, plan, ranks=representative_ranks(plan)),
-                  key=lambda m: m.params + m.grads + m.optimizer + m.activations)
-        total = mem.params + mem.grads + mem.optimizer + mem.activations
+        full = lambda m: m.params + m.grads + m.optimizer + m.activations + gathered_bytes(spec, plan, m.rank)  # noqa: E731
+        mem = max(predict_memory(spec, plan, ranks=representative_ranks(plan)), key=full)
         print(f"{label:46s} {mem.params / GIB:7.1f} {mem.grads / GIB:7.1f} {mem.optimizer / GIB:7.1f} "
-              f"{mem.activations / GIB:8.1f} {total / GIB:8.1f}")
+              f"{mem.activations / GIB:8.1f} {gathered_bytes(spec, plan, mem.rank) / GIB:9.1f} {full(mem) / GIB:8.1f}")
     t = time.perf_counter()
     rows = search_plans("llama-3-70b", 1024, "h100", batch_size=512, seq_len=8192, top=5)
     print(f"\nsearch_plans(llama-3-70b, 1024 ranks, h100, batch 512 x 8,192): {time.perf_counter() - t:.1f} s; best:")

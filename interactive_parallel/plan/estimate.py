@@ -24,7 +24,7 @@ from .plan import Plan
 from .tp_styles import tp_style
 
 __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "predict_activations",
-           "predict_memory", "predict_comms", "clip_comms"]
+           "predict_memory", "predict_comms", "clip_comms", "gathered_bytes"]
 
 FP32 = 4
 
@@ -40,6 +40,19 @@ def predict_memory(spec: ModelSpec, plan: Plan, ranks: list[int] | None = None) 
         out.append(MemoryRecord(rank=rank, step=-1, params=storage, grads=storage, optimizer=opt,
                                 activations=predict_activations(spec, plan, rank), device=plan.device))
     return out
+
+
+def gathered_bytes(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Bytes of FSDP-gathered weights `rank` holds beside its shards at its peak, which the memory
+    records leave out (the probe counts a parameter's storage once, not the copies FSDP gathers):
+    under a pipeline every unit of its stages stays gathered from the step's first forward to its
+    last backward (runtime.layout.parallelize, as torchtitan), whole, in the units' compute dtype.
+    Elsewhere FSDP holds one or two units gathered at a time, not counted. The step-time model
+    adds it to a plan's peak (plan.steptime.predict_step)."""
+    if plan.pp == 1 or not plan.gradient_axes[0]:
+        return 0
+    f_size, _ = shard_group(plan, mesh_coords(rank, plan.mesh_shape))
+    return f_size * sum(storage for _, storage in _unit_bytes(spec, plan, rank)) * stream_bytes(plan) // FP32
 
 
 def _unit_bytes(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
