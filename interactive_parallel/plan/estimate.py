@@ -70,10 +70,15 @@ def _units(spec: ModelSpec, plan: Plan, rank: int) -> list[tuple[int, int]]:
     for p, held, storage in local_tensors(spec, plan, rank):
         if p.expert and plan.ep > 1:
             continue
-        # Under a pipeline each stage module is a root unit of its own: a V schedule's rank holds
-        # the first stage's embedding and the last stage's norm and head in two.
-        stage = 0 if p.owner == "embed" and 0 in stages else plan.n_stages - 1 if p.owner != "layer" else None
-        u = units.setdefault(p.layer if p.owner == "layer" else ("root", stage if plan.pp > 1 else 0), [0, 0])
+        if p.owner == "layer":
+            key: object = p.layer
+        elif plan.pp == 1:
+            key = "root"
+        else:
+            # Under a pipeline each stage module is a root unit of its own: a V schedule's rank
+            # holds the first stage's embedding and the last stage's norm and head in two.
+            key = ("root", 0 if p.owner == "embed" and 0 in stages else plan.n_stages - 1)
+        u = units.setdefault(key, [0, 0])
         u[0] += held * FP32
         u[1] += storage * FP32
     return [tuple(v) for v in units.values()]  # type: ignore[misc]
