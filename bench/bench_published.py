@@ -46,7 +46,7 @@ def runs():
 
 def main() -> None:
     from interactive_parallel.plan import resolve_model
-    from interactive_parallel.plan.estimate import gathered_bytes, predict_memory
+    from interactive_parallel.plan.estimate import gathered_bytes, predict_memory, rank_peak
     from interactive_parallel.plan.search import search_plans
     from interactive_parallel.plan.steptime import predict_step, representative_ranks
 
@@ -65,10 +65,10 @@ def main() -> None:
                         ("+ full recompute", paper.replace(recompute="full")),
                         ("+ full recompute, 16 microbatches (x2 accum)", paper.replace(recompute="full", microbatches=16,
                                                                                       grad_accum=2))):
-        full = lambda m: m.params + m.grads + m.optimizer + m.activations + gathered_bytes(spec, plan, m.rank)  # noqa: E731
-        mem = max(predict_memory(spec, plan, ranks=representative_ranks(plan)), key=full)
+        mem = max(predict_memory(spec, plan, ranks=representative_ranks(plan)), key=lambda m: rank_peak(spec, plan, m))
         print(f"{label:46s} {mem.params / GIB:7.1f} {mem.grads / GIB:7.1f} {mem.optimizer / GIB:7.1f} "
-              f"{mem.activations / GIB:8.1f} {gathered_bytes(spec, plan, mem.rank) / GIB:9.1f} {full(mem) / GIB:8.1f}")
+              f"{mem.activations / GIB:8.1f} {gathered_bytes(spec, plan, mem.rank) / GIB:9.1f} "
+              f"{rank_peak(spec, plan, mem) / GIB:8.1f}")
     t = time.perf_counter()
     rows = search_plans("llama-3-70b", 1024, "h100", batch_size=512, seq_len=8192, top=5)
     print(f"\nsearch_plans(llama-3-70b, 1024 ranks, h100, batch 512 x 8,192): {time.perf_counter() - t:.1f} s; best:")

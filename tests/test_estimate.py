@@ -7,7 +7,8 @@ import pytest
 
 from interactive_parallel import Plan
 from interactive_parallel.plan import PRESETS
-from interactive_parallel.plan.estimate import chunk, local_tensors, param_inventory, predict_comms, predict_memory
+from interactive_parallel.plan.estimate import (chunk, gathered_bytes, local_tensors, param_inventory, predict_comms,
+                                                predict_memory, rank_peak)
 from interactive_parallel.plan.models import ModelSpec
 from interactive_parallel.records import CommEstimate
 
@@ -123,3 +124,18 @@ def test_comms_rules():
     ring = {(d.op, d.axis): d for d in predict_comms(LLAMA, Plan(cp=4, cp_method="ring"))}
     assert ("all_gather", "cp") not in ring  # 3 K|V hops forward, 3 K|V + 4 dK|dV hops backward, per layer
     assert ring[("send", "cp")].count == 4 * (3 + 3 + 4) and ring[("send", "cp")].bytes == 40 * 2 * 8 * 16 * 64 * 4
+
+
+def test_a_pipelined_fsdp_rank_holds_its_stage_gathered_at_its_peak():
+    """Under pp x fsdp every unit of a rank's stages stays gathered for the step: the bytes of the
+    step's one all-gather per unit, in the units' dtype (half under bf16), counted in the rank's
+    peak; without a pipeline, or without FSDP, nothing is counted."""
+    for precision in ("fp32", "bf16"):
+        plan = Plan(pp=2, fsdp=2, precision=precision)
+        for rank in range(plan.world_size):
+            gathers = {e.op: e.bytes for e in predict_comms(LLAMA, plan, rank) if e.axis == "fsdp"}["all_gather"]
+            assert gathered_bytes(LLAMA, plan, rank) == gathers > 0
+            m = predict_memory(LLAMA, plan, [rank])[0]
+            assert rank_peak(LLAMA, plan, m) == m.params + m.grads + m.optimizer + m.activations + gathers
+    for plan in (Plan(fsdp=4), Plan(pp=2, dp=2), Plan(pp=2, tp=2)):
+        assert all(gathered_bytes(LLAMA, plan, r) == 0 for r in range(plan.world_size))

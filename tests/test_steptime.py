@@ -8,7 +8,7 @@ import pytest
 
 from interactive_parallel import Plan
 from interactive_parallel.plan import PRESETS, PlanError, resolve_model
-from interactive_parallel.plan.estimate import gathered_bytes, predict_comms, predict_memory
+from interactive_parallel.plan.estimate import predict_comms, predict_memory, rank_peak
 from interactive_parallel.plan.hardware import H100, PROFILES, get_profile, profile_problems
 from interactive_parallel.plan.search import NoPlanFits, search_plans
 from interactive_parallel.plan.steptime import (ActionCost, axis_span, comm_seconds, link_of, model_flops, predict_step,
@@ -34,8 +34,7 @@ def test_a_prediction_splits_its_seconds_and_derives_its_rates(plan):
     assert math.isclose(p.tokens_per_s, plan.batch_size * plan.seq_len / p.seconds)
     peak = plan.world_size * PROFILES["cpu"].peak_flops[plan.precision]
     assert math.isclose(p.mfu, model_flops(LLAMA, plan) / p.seconds / peak) and 0 < p.mfu < 1
-    assert p.memory_bytes == max(m.params + m.grads + m.optimizer + m.activations + gathered_bytes(LLAMA, plan, m.rank)
-                                 for m in predict_memory(LLAMA, plan))
+    assert p.memory_bytes == max(rank_peak(LLAMA, plan, m) for m in predict_memory(LLAMA, plan))
     assert Plan.from_dict(p.plan_fields) == plan and from_dict(p.to_dict()) == p
     assert (p.bubble_s > 0) == (plan.pp > 1)
 
@@ -160,8 +159,7 @@ def test_search_ranks_every_valid_layout_that_fits_by_tokens_per_second():
     for r in rows:
         plan = Plan.from_dict(r.plan_fields)
         assert validate(plan, 4, LLAMA) == []
-        assert r.memory_bytes == max(m.params + m.grads + m.optimizer + m.activations + gathered_bytes(LLAMA, plan, m.rank)
-                                     for m in predict_memory(LLAMA, plan))
+        assert r.memory_bytes == max(rank_peak(LLAMA, plan, m) for m in predict_memory(LLAMA, plan))
     assert "recompute" in str(rows) and "tokens_per_s" in str(rows)
 
 

@@ -24,7 +24,7 @@ from .plan import Plan
 from .tp_styles import tp_style
 
 __all__ = ["ParamInfo", "param_inventory", "chunk", "owned", "shard_group", "local_tensors", "predict_activations",
-           "predict_memory", "predict_comms", "clip_comms", "gathered_bytes"]
+           "predict_memory", "predict_comms", "clip_comms", "gathered_bytes", "rank_peak"]
 
 FP32 = 4
 
@@ -46,11 +46,23 @@ def gathered_bytes(spec: ModelSpec, plan: Plan, rank: int) -> int:
     """Bytes of FSDP-gathered weights `rank` holds beside its shards at its peak, which the memory
     records leave out (the probe counts a parameter's storage once, not the copies FSDP gathers):
     under a pipeline every unit of its stages stays gathered from the step's first forward to its
-    last backward (runtime.layout.parallelize, as torchtitan), whole, in the units' compute dtype.
-    Elsewhere FSDP holds one or two units gathered at a time, not counted. The step-time model
-    adds it to a plan's peak (plan.steptime.predict_step)."""
+    last backward (runtime.layout.parallelize, as torchtitan). Elsewhere FSDP holds one or two
+    units gathered at a time, not counted."""
     if plan.pp == 1 or not plan.gradient_axes[0]:
         return 0
+    return _gathered_once(spec, plan, rank)
+
+
+def rank_peak(spec: ModelSpec, plan: Plan, memory: MemoryRecord) -> int:
+    """A rank's predicted peak bytes: its predicted memory record's parts (predict_memory) and the
+    gathered weights beside them (gathered_bytes). What the fit check, the step-time model and
+    the plan search compare with a machine's memory."""
+    return memory.params + memory.grads + memory.optimizer + memory.activations + gathered_bytes(spec, plan, memory.rank)
+
+
+def _gathered_once(spec: ModelSpec, plan: Plan, rank: int) -> int:
+    """Bytes of every FSDP unit of `rank` gathered whole once: its shard group's storage, in the
+    units' compute dtype (bf16 gathers move half the fp32 shards' bytes: fsdp.mixed_precision)."""
     f_size, _ = shard_group(plan, mesh_coords(rank, plan.mesh_shape))
     return f_size * sum(storage for _, storage in _unit_bytes(spec, plan, rank)) * stream_bytes(plan) // FP32
 
@@ -92,7 +104,8 @@ def predict_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> list[CommEstima
     DDP (pure dp) all-reduces all gradients once (in buckets: count is None); FSDP2 gathers
     each unit (decoder layer, then the root; a pipeline stage's root its own unit) in forward and
     again in backward, once under a pipeline (_gathers_per_unit), and reduce-scatters its
-    gradients, every micro-step (HSDP then all-reduces the shard over dp); `replicate` (dp with tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
+    gradients, every micro-step (HSDP then all-reduces the shard over dp); `replicate` (dp with
+    tp/pp/cp) all-reduces each unit's gradients; TP all-reduces
     the activations after each rowwise linear (forward) and the input gradient of each
     colwise linear (backward); PP sends activations forward and gradients backward per
     microbatch; CP all-gathers K and V per layer and all-reduces their gradients (ring CP sends
@@ -153,15 +166,15 @@ def clip_comms(spec: ModelSpec, plan: Plan, rank: int = 0) -> Comms:
         if p.name == tied_copy:
             continue
         split = p.split_dim(plan) if plan.tp > 1 else None
-        if split is not None:
-            key = "tp dim 0" if split == 0 or not sharded else "tp other dim"
+        if split is not None:  # under FSDP a strided shard of tp's dim 0 is a placement of its own
+            key = "split on dim 0" if split == 0 and sharded else "split"
         elif plan.tp > 1 and _tp_replicated(spec, plan, p):
-            key = "tp replicated"
+            key = "replicated on tp"
         else:
             key = "plain"
         groups[key] = groups.get(key, 0) + 1
     out: Comms = []
-    split_groups = [n for key, n in groups.items() if key in ("tp dim 0", "tp other dim")]
+    split_groups = [n for key, n in groups.items() if key.startswith("split")]
     if sharded:
         out.append(("all_reduce", sharded, len(groups), FP32 * sum(groups.values())))
     if split_groups:
@@ -200,10 +213,8 @@ def _gradient_comms(spec: ModelSpec, plan: Plan, rank: int, coords: dict[MeshAxi
     if sharded:
         f_size, _ = shard_group(plan, coords)
         axis = "_".join(sharded)
-        # bf16 gathers move half the fp32 shards' bytes; gradients are reduced in fp32 (fsdp.mixed_precision)
-        gathered = f_size * shards * stream_bytes(plan) // FP32
-        gathers = _gathers_per_unit(plan)
-        out: Comms = [("all_gather", axis, gathers * len(units) * acc, gathers * acc * gathered),
+        gathers = _gathers_per_unit(plan)  # gradients are reduced in fp32 whatever is gathered
+        out: Comms = [("all_gather", axis, gathers * len(units) * acc, gathers * acc * _gathered_once(spec, plan, rank)),
                       ("reduce_scatter", axis, len(units) * acc, acc * f_size * shards)]
         if replicated:  # HSDP: the shards' owners average across the replicas
             out.append(("all_reduce", "_".join(replicated), len(units) * acc, acc * shards))

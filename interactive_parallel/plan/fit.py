@@ -1,7 +1,7 @@
 """Will a plan fit the ranks' machines? Predicted bytes against what the machines have free.
 
 Owns the comparison the client makes before it lays a model out: plan.estimate's
-per-rank prediction (parameters, gradients, optimizer state, activations), summed over
+per-rank prediction (parameters, gradients, optimizer state, activations, gathered weights), summed over
 the ranks that share a host (their host memory) or taken per rank (its GPU), against
 the free bytes the ranks reported (runtime/api.py host_memory). Bytes the layout being
 replaced holds are counted as free (it is released before the new one is built), minus
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..records import HostMemory
-from .estimate import param_inventory, predict_memory
+from .estimate import param_inventory, predict_memory, rank_peak
 from .models import ModelSpec
 from .plan import Plan
 
@@ -23,8 +23,9 @@ def _gib(n: float) -> str:
 
 
 def rank_bytes(spec: ModelSpec, plan: Plan) -> list[int]:
-    """Predicted peak bytes per rank: parameters + gradients + optimizer state + activations."""
-    return [m.params + m.grads + m.optimizer + m.activations for m in predict_memory(spec, plan)]
+    """Predicted peak bytes per rank: parameters + gradients + optimizer state + activations, and
+    the weights FSDP keeps gathered under a pipeline (plan.estimate.rank_peak)."""
+    return [rank_peak(spec, plan, m) for m in predict_memory(spec, plan)]
 
 
 def memory_problems(spec: ModelSpec, plan: Plan, facts: list[HostMemory], current: tuple[ModelSpec, Plan] | None = None,

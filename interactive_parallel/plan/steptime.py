@@ -29,7 +29,7 @@ import math
 from ..records import CommEstimate, HardwareProfile, StepPrediction
 from .activations import layer_parts, micro_rows, stream_bytes
 from .axes import MESH_ORDER, MeshAxis, mesh_coords, mesh_rank
-from .estimate import gathered_bytes, predict_comms, predict_memory
+from .estimate import predict_comms, predict_memory, rank_peak
 from .inventory import Memo, local_tensors, param_inventory, spec_key
 from .models import ModelSpec
 from .pipeline_time import ActionCost, core_speed, simulate
@@ -253,8 +253,7 @@ def predict_step(model: ModelSpec, plan: Plan, profile: HardwareProfile | str, *
     seconds = t["compute"] + t["comm"] + t["bubble"]
     peak = 0
     if memory:
-        peak = max(m.params + m.grads + m.optimizer + m.activations + gathered_bytes(model, plan, m.rank)
-                   for m in predict_memory(model, plan, ranks=representative_ranks(plan)))
+        peak = max(rank_peak(model, plan, m) for m in predict_memory(model, plan, ranks=representative_ranks(plan)))
     budget = memory_per_rank or profile.memory_bytes
     tokens = plan.batch_size * plan.seq_len
     return StepPrediction(
