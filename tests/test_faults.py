@@ -209,6 +209,7 @@ def test_fault_during_generate(session, fault):
     s, plan, victim = session, "pp2xdp2", 3
     _fresh(s, plan)
     before = s.generate(PROMPTS, max_new_tokens=8)
+    assert s.run(_skip_all_reduce_on, -1) == [16.0] * 4  # this module's folder is now on every rank's sys.path
     s.inject(victim, fault, at_step=2)
     err, latency = _fails(lambda: s.generate(PROMPTS, max_new_tokens=8), fault, victim, s)
     _check_named(err, fault, victim)
@@ -216,6 +217,8 @@ def test_fault_during_generate(session, fault):
     _nothing_waits(s)
     assert s.model.restored.state == "snapshot" and s.model.restored.step == 2
     assert after == before
+    # a rank that replaced a dead one imports this module's functions as its peers do
+    assert s.run(_skip_all_reduce_on, -1) == [16.0] * 4
     MEASURED.append(dict(call="generate", plan=plan, fault=fault, where="step", named=err.ename, seconds=latency,
                          kept="snapshot", next_s=next_s))
 

@@ -9,7 +9,9 @@ DP replicas agree on stopping in the same round of the scheduler's all_reduce, b
 with nothing to do idles through rounds without a step, so their step counts differ; a rank
 that left at another round would leave its peers blocked in that all_reduce, and the call
 would fail instead of returning. The run ended early: fewer steps than asked for, requests
-left 'interrupted'."""
+left 'interrupted'. While serving, the ranks hold from the scheduler's fourth round until each
+has the stop request (a gate), so the request cannot come after the last request finished on a
+fast machine, or a slow client."""
 from __future__ import annotations
 
 import threading
@@ -85,27 +87,63 @@ def _requests() -> list[Request]:
             for i in range(REQUESTS)]
 
 
+def _hold_serve_rounds_from(first: int, wait_s: float) -> None:
+    """Make every scheduler round from round `first` on wait, before the ranks' stop vote,
+    until this rank has been asked to stop (a test fault, undone by `_heal_serve`). Every rank
+    holds at the same round and outside any collective, once the tokens of the rounds before
+    have gone to the client: the request cannot arrive after the last request has finished,
+    however slow the client is to see the first token."""
+    from interactive_parallel.runtime.inference import serve
+    from interactive_parallel.runtime.rank import channel, state
+
+    real = getattr(serve, "_real_agree", serve.agree)
+    serve._real_agree = real
+    rounds = iter(range(1 << 30))
+
+    def held(par, elapsed, busy):
+        if next(rounds) >= first and not channel.stop_requested():
+            channel.flush()
+            deadline = time.monotonic() + wait_s
+            while not channel.stop_requested():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"rank {state.get().rank}: the stop request never arrived")
+                time.sleep(0.01)
+        return real(par, elapsed, busy)
+
+    serve.agree = held
+
+
+def _heal_serve() -> None:
+    from interactive_parallel.runtime.inference import serve
+
+    serve.agree = getattr(serve, "_real_agree", serve.agree)
+
+
 @pytest.mark.parametrize("how", ["interrupt", "panel"])
 def test_stop_during_serve(session, how):
     s = session
-    if how == "interrupt":
-        tokens = []
+    s.run(_hold_serve_rounds_from, 3, WAIT_S)  # by round 3 each replica has prefilled a request
+    try:
+        if how == "interrupt":
+            tokens = []
 
-        def on_token(t):
-            tokens.append(t)
-            if len(tokens) == 8:
-                threading.Thread(target=s.interrupt).start()
+            def on_token(t):
+                tokens.append(t)
+                if len(tokens) == 1:
+                    threading.Thread(target=s.interrupt).start()
 
-        result = s.serve(_requests(), engine="ours", on_token=on_token)
-    else:
-        from interactive_parallel.widgets import Panel
+            result = s.serve(_requests(), engine="ours", on_token=on_token)
+        else:
+            from interactive_parallel.widgets import Panel
 
-        p = Panel(s)
-        job = p.serve(REQUESTS, engine="ours", max_tokens=MAX_NEW)
-        assert job is not None and until(lambda: p.run_section.progress.value >= 8, WAIT_S)
-        p.run_section.interrupt.click()
-        assert p.wait(WAIT_S) and p.error_text == "", p.error_text
-        result = s.served()
+            p = Panel(s)
+            job = p.serve(REQUESTS, engine="ours", max_tokens=MAX_NEW)
+            assert job is not None and until(lambda: p.run_section.progress.value >= 1, WAIT_S)
+            p.run_section.interrupt.click()
+            assert p.wait(WAIT_S) and p.error_text == "", p.error_text
+            result = s.served()
+    finally:
+        s.run(_heal_serve)
     assert result.engine == "ours"
     for pipeline in axis_groups(PLAN.mesh_shape, MeshAxis.PP):  # one replica's stages
         steps = _same_boundary({rank: sorted(d.step for d in result.steps if d.rank == rank) for rank in pipeline})

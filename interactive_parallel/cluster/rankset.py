@@ -87,6 +87,7 @@ class RankSet:
     _gone_engines: set[int] = field(default_factory=set)
     """Engine ids whose process is gone, though the controller may not have noticed yet."""
     _paths: set[str] = field(default_factory=set)
+    """Folders put on every rank's sys.path so far (each rank that joins later gets them too)."""
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def connect(self, expected: int | None = None) -> None:
@@ -111,6 +112,8 @@ class RankSet:
             what="setup")
         await self.call(engine_side.install, what="setup")
         await self.call(engine_side.define_px_names, what="setup")
+        for folder in sorted(self._paths):  # a replacement rank needs the folders its peers were given
+            await self.call(engine_side.add_sys_path, (folder,), what="sys.path")
         await self.measure_clocks()
         await self.form_group()
         if _in_ipython():
