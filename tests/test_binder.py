@@ -12,7 +12,9 @@ Uses this machine's pip configuration as it is. binder/requirements.txt names Py
 with --extra-index-url; where that index is unreachable pip only warns and takes torch from the
 other configured sources (measured: no failure), but with its default 5 retries per page and
 backoff it spends half an hour on the warnings. `--retries 0 --timeout 10` keeps a failed index
-to one quick attempt and changes nothing where the index answers. Slow (a torch install, ~2 min).
+to one quick attempt and changes nothing where the index answers. `--no-compile` leaves the
+bytecode to the first import (byte-compiling every installed file, most never imported, took
+half of the install). Slow (a torch install and the tour).
 """
 from __future__ import annotations
 
@@ -44,7 +46,7 @@ def test_binder_environment_runs_the_tour(tmp_path, monkeypatch):
     venv = tmp_path / "venv"
     py = venv / "bin" / "python"
     run([sys.executable, "-m", "venv", str(venv)])
-    run([str(py), "-m", "pip", "install", "--retries", "0", "--timeout", "10",
+    run([str(py), "-m", "pip", "install", "--retries", "0", "--timeout", "10", "--no-compile",
          "-r", str(ROOT / "binder" / "requirements.txt"), "ipykernel", "nbclient"])
     env = dict(os.environ, PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", VIRTUAL_ENV=str(venv))
     env.pop("PYTHONPATH", None)
