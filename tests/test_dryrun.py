@@ -309,19 +309,48 @@ def test_the_why_tree_names_sequence_parallels_gathers_live_and_dry(parity_steps
     assert dry.explain_comms(rank=1) == comm_tree(live, rank=1)
 
 
+V2 = "0::/user.slice/job\n"
+V1 = "4:memory:/\n2:cpu,cpuacct:/docker/ab\n0::/\n"
+
+
 @pytest.mark.pure
-@pytest.mark.parametrize("files,cores", [
-    ({"cpu.max": "max 100000\n"}, None),
-    ({"cpu.max": "150000 100000\n"}, 2),                    # 1.5 cores: a second one is half usable
-    ({"cpu.max": "100000 100000\n"}, 1),                    # Binder's one core
-    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # cgroup v1, no quota
-    ({"cpu/cpu.cfs_quota_us": "200000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 2),
-    ({}, None),
+@pytest.mark.parametrize("proc,files,cores", [
+    (V2, {"cpu.max": "max 100000\n"}, None),
+    (V2, {"user.slice/job/cpu.max": "150000 100000\n"}, 2),         # 1.5 cores: a second one is half usable
+    (V2, {"cpu.max": "100000 100000\n"}, 1),                        # Binder's one core, on the root
+    (V2, {"user.slice/job/cpu.max": "max 100000\n", "user.slice/cpu.max": "300000 100000\n",
+          "cpu.max": "200000 100000\n"}, 2),                        # the tightest ancestor holds
+    (V1, {"cpu/docker/ab/cpu.cfs_quota_us": "-1\n", "cpu/docker/ab/cpu.cfs_period_us": "100000\n"}, None),
+    (V1, {"cpu/docker/ab/cpu.cfs_quota_us": "200000\n", "cpu/docker/ab/cpu.cfs_period_us": "100000\n"}, 2),
+    (V1, {"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+    (V2, {}, None),
+    ("", {"cpu.max": "100000 100000\n"}, None),                     # no cgroup file: nothing to read
 ])
-def test_a_containers_cpu_quota_caps_the_cores_a_dry_run_forks_for(tmp_path, files, cores):
+def test_a_containers_cpu_quota_caps_the_cores_a_dry_run_forks_for(tmp_path, proc, files, cores):
     from interactive_parallel.runtime.rank.cores import cgroup_quota
 
+    root = tmp_path / "cgroup"
     for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
-    assert cgroup_quota(tmp_path) == cores
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "self-cgroup").write_text(proc)
+    assert cgroup_quota(root, tmp_path / "self-cgroup") == cores
+
+
+@pytest.mark.pure
+@pytest.mark.parametrize("proc,files,limit", [
+    (V2, {"user.slice/job/memory.max": "max\n", "user.slice/memory.max": "2000000000\n"}, 2 * 10**9),
+    (V1, {"memory/memory.limit_in_bytes": "1500000000\n"}, 1_500_000_000),
+    (V1, {"memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),  # v1's "no limit"
+    (V2, {}, None),
+])
+def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_the_machine(tmp_path, proc, files, limit):
+    from interactive_parallel.runtime.rank.cores import memory_limit
+
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "self-cgroup").write_text(proc)
+    machine = memory_limit(tmp_path / "none", tmp_path / "absent")  # the machine's memory alone
+    assert machine is not None and memory_limit(root, tmp_path / "self-cgroup") == min(limit or machine, machine)

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from interactive_parallel.cluster.zygote import KEEP_TEMPLATE_BYTES, keeps_template, memory_limit
+from interactive_parallel.cluster.zygote import KEEP_TEMPLATE_BYTES, keeps_template
+from interactive_parallel.runtime.rank.cores import memory_limit
 from interactive_parallel.runtime.rank.heap import release_freed
 from memory_limit import MemoryLimit
 
@@ -32,7 +33,8 @@ def test_freed_heap_goes_back_to_the_os():
 
 
 def test_the_zygote_keeps_no_template_under_a_small_memory_limit():
-    probe = [sys.executable, "-c", "from interactive_parallel.cluster.zygote import memory_limit, keeps_template; "
+    probe = [sys.executable, "-c", "from interactive_parallel.cluster.zygote import keeps_template; "
+             "from interactive_parallel.runtime.rank.cores import memory_limit; "
              "print(memory_limit(), keeps_template())"]
     with MemoryLimit(2 * 10**9) as limit:
         if limit.path is None:

@@ -141,11 +141,10 @@ def folder_to_import(fn) -> str | None:
     return os.path.dirname(os.path.abspath(path))
 
 
-def add_sys_path(folder: str) -> None:
+def add_sys_path(*folders: str) -> None:
     import sys
 
-    if folder not in sys.path:
-        sys.path.append(folder)
+    sys.path.extend(f for f in folders if f not in sys.path)
 
 
 def define_px_names() -> None:

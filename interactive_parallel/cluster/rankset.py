@@ -86,8 +86,7 @@ class RankSet:
     """After the latest failure: seconds (from caller.failed_at) its stragglers may still take."""
     _gone_engines: set[int] = field(default_factory=set)
     """Engine ids whose process is gone, though the controller may not have noticed yet."""
-    _paths: set[str] = field(default_factory=set)
-    """Folders put on every rank's sys.path so far (each rank that joins later gets them too)."""
+    _paths: set[str] = field(default_factory=set)  # folders put on every rank's sys.path (and a later one's)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def connect(self, expected: int | None = None) -> None:
@@ -112,8 +111,7 @@ class RankSet:
             what="setup")
         await self.call(engine_side.install, what="setup")
         await self.call(engine_side.define_px_names, what="setup")
-        for folder in sorted(self._paths):  # a replacement rank needs the folders its peers were given
-            await self.call(engine_side.add_sys_path, (folder,), what="sys.path")
+        await self.call(engine_side.add_sys_path, sorted(self._paths), what="sys.path")  # as its peers were given
         await self.measure_clocks()
         await self.form_group()
         if _in_ipython():
@@ -387,8 +385,7 @@ class RankSet:
         return await self.call(fn, args, kwargs, what=getattr(fn, "__name__", "run"), timeout=timeout)
 
     async def _make_importable(self, fn: Callable) -> None:
-        """ipyparallel ships a module-level function by reference: its module must import on the
-        ranks, so a local script's folder goes on their sys.path (once)."""
+        """A module-level function ships by reference: its script's folder goes on the ranks' sys.path."""
         folder = engine_side.folder_to_import(fn)
         if folder is not None and folder not in self._paths:
             await self.call(engine_side.add_sys_path, (folder,), what="sys.path")

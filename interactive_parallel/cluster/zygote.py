@@ -45,38 +45,10 @@ KEEP_TEMPLATE_BYTES = 4 * 10**9
 """Below this memory limit the template exits once it has forked (see the module docstring)."""
 
 
-def memory_limit() -> int | None:
-    """The tightest memory limit on this process: the machine's memory, its memory cgroup's and
-    every ancestor's (cgroup v2 memory.max or v1 memory.limit_in_bytes); None where none reads."""
-    found = []
-    try:
-        with open("/proc/meminfo") as f:
-            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:")]
-        with open("/proc/self/cgroup") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f]
-    except OSError:
-        lines = []
-    for _, controllers, path in lines:
-        if controllers == "":
-            root, knob = "/sys/fs/cgroup", "memory.max"
-        elif "memory" in controllers.split(","):
-            root, knob = "/sys/fs/cgroup/memory", "memory.limit_in_bytes"
-        else:
-            continue
-        parts = [p for p in path.split("/") if p]
-        for depth in range(len(parts), -1, -1):
-            try:
-                with open(os.path.join(root, *parts[:depth], knob)) as f:
-                    text = f.read().strip()
-            except OSError:
-                continue
-            if text.isdigit() and int(text) < 2**62:  # "max" / v1's near-2**63: no limit
-                found.append(int(text))
-    return min(found) if found else None
-
-
 def keeps_template() -> bool:
     """Whether a standing template (fast replacement ranks) fits this process's memory limit."""
+    from interactive_parallel.runtime.rank.cores import memory_limit
+
     limit = memory_limit()
     return limit is None or limit >= KEEP_TEMPLATE_BYTES
 
