@@ -37,7 +37,8 @@ COMPUTING = ("notebook", "session", "multirank", "browser", "rank1", "pure")
 """The other tiers, costliest first, so the run ends on short units that even the workers out."""
 UNITS = {
     "tests/test_activations.py": "parity_steps", "tests/test_dryrun.py": "parity_steps",
-    "tests/test_local_mode.py": "parity_steps",
+    "tests/test_local_mode.py": "parity_steps", "tests/test_parallel_parity.py": "parity_steps",
+    "tests/test_comms_model.py": "parity_steps",
     "tests/test_launchers.py": "hosts", "tests/test_multihost.py": "hosts",
 }
 """Modules that must run in one worker: one session fixture (parity_steps), or namespaced hosts
@@ -234,21 +235,32 @@ PRECISIONS = ("fp32", "bf16")
 
 
 @pytest.fixture(scope="session")
-def parity_steps():
-    """{(label, precision): {rank: (MemoryRecord, [CommRecord], [ShardRecord])}}: one training step of
-    every parity plan (tests/test_parallel_parity.py) in fp32 and bf16, on spawned gloo ranks;
-    the measured side of tests/test_activations.py and tests/test_dryrun.py (run once for both)."""
+def parity_runs():
+    """{"runs": {label: parity run}, "records": {(label, precision): {rank: (MemoryRecord,
+    [CommRecord], [ShardRecord])}}}: every parity plan of tests/test_parallel_parity.py (3 AdamW
+    steps, then again with clipping, and its bf16 plans) on spawned gloo ranks, one group per world
+    size, with the records of each plan's first step in fp32 and of one step in bf16 on every rank."""
     from mp_harness import run_ranks
-    from parity_workers import one_step_records
-    from test_parallel_parity import CONFIGS_2, CONFIGS_4
+    from parity_workers import parity_and_records
+    from test_parallel_parity import BF16, CONFIGS_2, CONFIGS_4, STEPS, clipped
 
-    out: dict = {}
-    for world, configs in ((2, CONFIGS_2), (4, CONFIGS_4)):
-        for precision in PRECISIONS:
-            for rank, recs in enumerate(run_ranks(one_step_records, world, configs, precision, timeout_s=600)):
-                for label, value in recs.items():
-                    out.setdefault((label, precision), {})[rank] = value
-    return out
+    runs, records = {}, {}
+    for world, configs, extra in ((2, CONFIGS_2, []), (4, CONFIGS_4, BF16)):
+        per_rank = run_ranks(parity_and_records, world, configs + clipped(configs) + extra, STEPS,
+                             [label for label, _, _ in configs], configs, timeout_s=900)
+        runs.update(per_rank[0]["runs"])
+        for rank, out in enumerate(per_rank):
+            for key, value in out["records"].items():
+                records.setdefault(key, {})[rank] = value
+    return {"runs": runs, "records": records}
+
+
+@pytest.fixture(scope="session")
+def parity_steps(parity_runs):
+    """{(label, precision): {rank: (MemoryRecord, [CommRecord], [ShardRecord])}}: one training step of
+    every parity plan (tests/test_parallel_parity.py) in fp32 and bf16 on every rank (parity_runs);
+    the measured side of tests/test_activations.py, tests/test_dryrun.py and the comms model."""
+    return parity_runs["records"]
 
 
 def parity_plan_params() -> list:

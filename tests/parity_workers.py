@@ -9,10 +9,11 @@ from interactive_parallel.plan import PRESETS, Plan
 from interactive_parallel.records import GenerateOptions
 
 
-def train_and_grads(spec, plan: Plan, steps: int, computes_like: Plan | None = None) -> dict:
+def train_and_grads(spec, plan: Plan, steps: int, computes_like: Plan | None = None, rank: int = 0) -> dict:
     """Per-step global losses, then loss/full grads on the next batch and the full weights; the
-    memory and comm records of the first step. `computes_like`: the parallel plan a one-process
-    reference casts as (runtime.training.verify.computes_like)."""
+    memory and comm records of the first step and this rank's shard records. `computes_like`: the
+    parallel plan a one-process reference casts as (runtime.training.verify.computes_like)."""
+    from interactive_parallel.runtime import probes
     from interactive_parallel.runtime.layout.parallelize import parallelize
     from interactive_parallel.runtime.rank import state
     from interactive_parallel.runtime.training.train import make_optimizer, train_step
@@ -21,17 +22,18 @@ def train_and_grads(spec, plan: Plan, steps: int, computes_like: Plan | None = N
     par = parallelize(spec, plan)
     par.computes_like = computes_like
     opt = make_optimizer(par)
-    losses, norms, first = [], [], None
+    losses, norms, first, shards = [], [], None, []
     for step in range(steps):
-        rec = train_step(par, opt, step)
+        rec = train_step(par, opt, step, rank=rank)
         losses.append(global_loss(par, rec.loss))
         norms.append(rec.grad_norm)
-        first = first or rec
+        if first is None:  # the layout as a step leaves it (what one_step_records reads)
+            first, shards = rec, probes.shard_records(par, rank)
     loss, grads = loss_and_grads(par, steps)
     weights = par.full_state_dict()
     state.get().reset_model()
     return {"losses": losses + [loss], "grads": grads, "weights": weights, "memory": first.memory,
-            "comms": first.comms, "grad_norms": norms}
+            "comms": first.comms, "grad_norms": norms, "shards": shards}
 
 
 def assert_parity(got: dict, ref: dict, tols: tuple[float, float, float], label: str = "") -> None:
@@ -62,6 +64,24 @@ def parity_group(rank: int, configs: list[tuple], steps: int) -> dict:
 
 
 _REFERENCES: dict[str, dict] = {}
+
+
+def parity_and_records(rank: int, configs: list[tuple], steps: int, recorded: list[str],
+                       one_step: list[tuple]) -> dict:
+    """The parity runs of `configs` (parity_group's, on rank 0) and, on every rank, {(label,
+    precision): (MemoryRecord, [CommRecord], [ShardRecord])}: the first step's of the runs
+    labelled in `recorded` (fp32), and one step of each (label, model, fields) in `one_step` in
+    bf16. One group, so each fp32 plan is laid out and stepped once for both."""
+    runs, records = {}, {}
+    for label, model, fields in configs:
+        out = train_and_grads(as_spec(model), Plan(**fields), steps, rank=rank)
+        if label in recorded:
+            records[label, "fp32"] = (out["memory"], out["comms"], out["shards"])
+        if rank == 0:
+            runs[label] = out
+    for label, recs in one_step_records(rank, one_step, "bf16").items():
+        records[label, "bf16"] = recs
+    return {"runs": runs, "records": records}
 
 
 def reference(model, fields: dict, steps: int) -> dict:

@@ -1,6 +1,7 @@
 """Parity of every parallel layout against one process: same seed, weights and global batch.
 
-Each world size is spawned once (module fixture) and runs all its plans in turn; the
+Each world size is spawned once (conftest.parity_runs, whose groups also record the first steps
+the activation, comms-model and dry-run tests compare with) and runs all its plans in turn; the
 tests then compare per-step losses of 3 AdamW steps (fp32), the loss and full gradients
 of the next batch, and the final weights with the single-process run; each plan runs a second
 time with gradient clipping (Plan.max_grad_norm), its norms compared too.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 
-from mp_harness import run_ranks
 import parity_workers as W
 
 pytestmark = pytest.mark.multirank
@@ -92,11 +92,10 @@ def clipped(configs: list[tuple]) -> list[tuple]:
 
 
 @pytest.fixture(scope="module")
-def results():
-    out = {}
-    out.update(run_ranks(W.parity_group, 2, CONFIGS_2 + clipped(CONFIGS_2), STEPS)[0])
-    out.update(run_ranks(W.parity_group, 4, CONFIGS_4 + clipped(CONFIGS_4) + BF16, STEPS)[0])
-    return out
+def results(parity_runs):
+    """Rank 0's run of every plan here (conftest.parity_runs: the same groups record the first
+    steps the activation, comms and dry-run tests compare with)."""
+    return parity_runs["runs"]
 
 
 @pytest.mark.parametrize("label", list(ALL))
