@@ -3,8 +3,9 @@
 Pure: refused where it cannot run, off by default, the estimate unchanged, the panel's checkbox
 and note, the exported script's plan. One rank: names kept, decoding and the dry run run the
 blocks eagerly (nothing is compiled), the session's cache directory taken. Multirank (slow:
-inductor compiles on 2 cores): tp2, pp2, cp2 and dp2 with full recomputation compiled, at
-parity with one eager process. Session (slow): a live session compiles into its scratch
+inductor compiles on 2 cores): tp2 (the vocabulary ends split), tp2 with sequence and loss
+parallel, tp2 with sequence parallel and full recomputation, pp2, cp2 and dp2 with full
+recomputation compiled, at parity with one eager process. Session (slow): a live session compiles into its scratch
 directory, which goes at stop.
 
 Tolerances: the eager parity tolerances hold (loss 1e-5, gradients 1e-5, weights 1e-4 after
@@ -29,7 +30,9 @@ LOSS_TOL, GRAD_TOL, WEIGHT_TOL = 1e-5, 1e-5, 1e-4
 STEPS = 2
 LLAMA = "tiny-llama"
 CONFIGS_2 = [
-    ("tp2", LLAMA, dict(tp=2, compile=True)),
+    ("tp2", LLAMA, dict(tp=2, compile=True)),  # the vocabulary ends split, as eager tp splits them
+    ("tp2-sp-lp", LLAMA, dict(tp=2, sequence_parallel=True, loss_parallel=True, compile=True)),  # the cuts traced whole
+    ("tp2-sp-recompute", LLAMA, dict(tp=2, sequence_parallel=True, recompute="full", compile=True)),
     ("pp2", LLAMA, dict(pp=2, compile=True)),
     ("cp2", LLAMA, dict(cp=2, compile=True)),  # compiled in pieces around its collectives
     # in pieces around checkpoint's hooks; also DDP over compiled blocks (plain dp2 adds no other path)
@@ -52,15 +55,15 @@ def test_compile_is_off_by_default_and_refused_only_where_it_cannot_run():
 
 @pytest.mark.pure
 def test_compiling_changes_no_predicted_byte():
-    """Beside the eager plan with the same layout: a compiled plan keeps the vocabulary ends whole
-    under tp (Plan.vocab_split says why), so its eager twin is vocab_parallel=False."""
-    from interactive_parallel.plan.estimate import predict_memory
+    """Beside the eager plan with the same layout, the vocabulary ends split under tp as eager's."""
+    from interactive_parallel.plan.estimate import predict_comms, predict_memory
 
     spec = PRESETS[LLAMA]
-    assert not Plan(tp=2, compile=True).vocab_split and Plan(tp=2, compile=True, loss_parallel=True).vocab_split
-    for fields in (dict(dp=2, tp=2), dict(fsdp=4), dict(pp=2, dp=2)):
-        eager = Plan(**fields, vocab_parallel=False)
-        assert predict_memory(spec, Plan(**fields, compile=True)) == predict_memory(spec, eager)
+    assert Plan(tp=2, compile=True).vocab_split and not Plan(tp=2, compile=True, vocab_parallel=False).vocab_split
+    for fields in (dict(dp=2, tp=2), dict(tp=2, sequence_parallel=True), dict(fsdp=4), dict(pp=2, dp=2)):
+        eager, compiled = Plan(**fields), Plan(**fields, compile=True)
+        assert predict_memory(spec, compiled) == predict_memory(spec, eager)
+        assert predict_comms(spec, compiled) == predict_comms(spec, eager)
 
 
 @pytest.mark.pure

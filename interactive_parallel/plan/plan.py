@@ -142,11 +142,9 @@ class Plan:
     @property
     def vocab_split(self) -> bool:
         """Whether the token embedding and the LM head are split on the vocabulary over tp (decided
-        here once: the runtime, the inventory, the estimates and the one-process mode read it).
-        Not under `compile` unless loss_parallel asks: compiled blocks between split ends failed
-        in backward (a DTensor redistribute of the ends handed a plain gradient; measured on
-        tiny-llama tp2, not yet understood), so compiled plans keep the ends whole as before."""
-        return self.tp > 1 and (self.loss_parallel or (self.vocab_parallel and not self.compile))
+        here once: the runtime, the inventory, the estimates and the one-process mode read it):
+        under tp, unless vocab_parallel=False keeps them whole and loss_parallel does not need them split."""
+        return self.tp > 1 and (self.loss_parallel or self.vocab_parallel)
 
     @property
     def uses_ddp(self) -> bool:

@@ -97,7 +97,8 @@ def _layout(spec: ModelSpec, plan: Plan, device: torch.device) -> tuple[Parallel
         from ..parallel.tp import apply_tp
 
         par.perms = apply_tp(raw, mesh["tp"], spec, layer_ids, sequence_parallel=plan.sequence_parallel,
-                             vocab_split=plan.vocab_split, loss_parallel=plan.loss_parallel)
+                             vocab_split=plan.vocab_split, loss_parallel=plan.loss_parallel, compiled=plan.compile,
+                             recomputed=plan.recompute != "none")
     if spec.family_info.experts is not None:  # 2b. experts: routing counted; under ep, split over the ep ranks
         from ..parallel.ep import apply_ep, attach_counter
 

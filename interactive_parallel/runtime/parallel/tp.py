@@ -267,9 +267,11 @@ def _shard_embedding_grad(module: nn.Module, _args) -> None:
 
 
 def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_parallel: bool = False,
-             vocab_split: bool = True, loss_parallel: bool = False) -> dict:
+             vocab_split: bool = True, loss_parallel: bool = False, compiled: bool = False,
+             recomputed: bool = False) -> dict:
     """Shard the given decoder layers of `model` over the 1-D tp `mesh`, in place, and (vocab_split:
-    Plan.vocab_split) the token embedding and the LM head on the vocabulary.
+    Plan.vocab_split) the token embedding and the LM head on the vocabulary. `compiled`: the blocks
+    will be compiled (Plan.compile); `recomputed`: their forwards re-run in backward (Plan.recompute).
 
     Returns {param name: (dim, permutation)} for fused weights whose sharded logical
     layout differs from the checkpoint layout (full_state_dict undoes it).
@@ -285,14 +287,26 @@ def apply_tp(model: nn.Module, mesh, spec: ModelSpec, layer_ids, *, sequence_par
     if vocab_split:
         if spec.tied_embeddings:
             _retie(model, spec)
-        model.get_submodule(spec.family_info.embedding_path).register_forward_pre_hook(_shard_embedding_grad)
+        embedding = model.get_submodule(spec.family_info.embedding_path)
+        embedding.register_forward_pre_hook(_shard_embedding_grad)
+        if compiled:
+            embedding.register_forward_hook(_own_tensor)
     localize_attention(model, spec, layer_ids, tp)
     if sequence_parallel:
-        _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh)
+        _sequence_boundaries(model.get_submodule(spec.family_info.layers_path), sorted(layer_ids), mesh, recomputed)
     return perms
 
 
-def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> None:
+def _own_tensor(_module: nn.Module, _args, out: torch.Tensor) -> torch.Tensor:
+    """The split embedding's output as a tensor of its own, not the view of the DTensor's local
+    tensor that `to_local` returns: a compiled first block given that view as its input handed
+    its gradient back past `to_local`'s backward, so the embedding's redistribute received a plain
+    tensor where it needs a DTensor and the backward failed (measured: tiny-llama tp2, compiled).
+    One [b, s, h] copy per forward, under compile only."""
+    return out.clone()
+
+
+def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh, recomputed: bool) -> None:
     """Between sequence-parallel layers the residual stream is (batch, seq / tp, hidden).
 
     It is cut at the first layer of each run of sharded layers and gathered after the last,
@@ -305,18 +319,20 @@ def _sequence_boundaries(layers: nn.ModuleList, layer_ids: list[int], mesh) -> N
     from ..model.recomputed import in_backward
 
     ids = set(layer_ids)
-
     # Recomputation (Plan.recompute) calls the layer again in backward with the inputs its
     # checkpoint saved, which are already cut: cutting again would halve the sequence twice, and
-    # gathering a discarded output would issue an all-gather nobody needs.
+    # gathering a discarded output would issue an all-gather nobody needs. Without it nothing is
+    # asked: a compiled block traces these hooks whole, and dynamo cannot trace autograd's question.
+    again = in_backward if recomputed else (lambda: False)
+
     def cut(_mod, args, kwargs):
-        if in_backward():
+        if again():
             return None
         x = DTensor.from_local(args[0], mesh, [Replicate()], run_check=False)  # [b, s, h]
         return (x.redistribute(mesh, [Shard(1)]).to_local(), *args[1:]), kwargs  # [b, s/tp, h]
 
     def gather(_mod, _args, out):
-        if in_backward():
+        if again():
             return None
         x = out[0] if isinstance(out, tuple) else out  # [b, s/tp, h]
         x = DTensor.from_local(x, mesh, [Shard(1)], run_check=False)
