@@ -329,12 +329,17 @@ V1 = "4:memory:/\n2:cpu,cpuacct:/docker/ab\n0::/\n"
 def test_a_containers_cpu_quota_caps_the_cores_a_dry_run_forks_for(tmp_path, proc, files, cores):
     from interactive_parallel.runtime.rank.cores import cgroup_quota
 
+    assert cgroup_quota(*_cgroups(tmp_path, proc, files)) == cores
+
+
+def _cgroups(tmp_path, proc: str, files: dict[str, str]):
+    """(a cgroup tree holding `files`, a /proc/self/cgroup saying `proc`) under tmp_path."""
     root = tmp_path / "cgroup"
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
     (tmp_path / "self-cgroup").write_text(proc)
-    assert cgroup_quota(root, tmp_path / "self-cgroup") == cores
+    return root, tmp_path / "self-cgroup"
 
 
 @pytest.mark.pure
@@ -347,10 +352,5 @@ def test_a_containers_cpu_quota_caps_the_cores_a_dry_run_forks_for(tmp_path, pro
 def test_the_memory_limit_is_the_tightest_of_the_cgroups_and_the_machine(tmp_path, proc, files, limit):
     from interactive_parallel.runtime.rank.cores import memory_limit
 
-    root = tmp_path / "cgroup"
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    (tmp_path / "self-cgroup").write_text(proc)
     machine = memory_limit(tmp_path / "none", tmp_path / "absent")  # the machine's memory alone
-    assert machine is not None and memory_limit(root, tmp_path / "self-cgroup") == min(limit or machine, machine)
+    assert machine is not None and memory_limit(*_cgroups(tmp_path, proc, files)) == min(limit or machine, machine)
