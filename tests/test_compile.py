@@ -125,7 +125,7 @@ def test_the_dry_run_of_a_compiled_plan_is_the_eager_ones_and_compiles_nothing()
     from interactive_parallel.runtime.client.dryrun import dry_run
 
     before = _graphs()
-    got, ref = dry_run(LLAMA, Plan(dp=2, tp=2, compile=True)), dry_run(LLAMA, Plan(dp=2, tp=2, vocab_parallel=False))
+    got, ref = dry_run(LLAMA, Plan(dp=2, tp=2, compile=True)), dry_run(LLAMA, Plan(dp=2, tp=2))
     assert _graphs() == before
     for rank in ref.simulated:
         a, b = got.simulated[rank], ref.simulated[rank]
