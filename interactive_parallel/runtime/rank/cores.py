@@ -65,7 +65,7 @@ def cgroup_quota(root: Path = CGROUP, proc: Path = PROC_CGROUP) -> int | None:
             quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
         try:
             q, p = int(quota), int(period)
-        except (TypeError, ValueError):  # "max", -1 as text is fine, absent files are not
+        except (TypeError, ValueError):  # "max" or an absent file: no quota on this folder
             continue
         if q > 0 and p > 0:
             found.append(math.ceil(q / p))
